@@ -1,0 +1,1 @@
+"""diffill language server (built in a later issue)."""
