@@ -1,0 +1,84 @@
+"""The one small interface every model family implements for the denoising loop.
+
+A denoiser is asked two things: encode a request's context once (`encode`), then, for each denoising step, predict
+logits for every span position of a batch of canvases (`predict`). How the context is kept between steps (a KV
+cache, or plain token ids that are run again) is the adapter's business.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from infill_engine.special_tokens import SpecialTokens
+
+Noise = Literal["mask", "uniform"]
+BlockMode = Literal["restrict", "append"]
+
+
+@dataclass
+class EncodedContext:
+    """What a denoiser keeps between steps of one request; `state` is adapter-specific."""
+
+    prefix_ids: list[int]
+    suffix_ids: list[int]
+    span_length: int
+    batch_size: int
+    state: Any = None
+
+
+class Denoiser(ABC):
+    """A diffusion model behind the interface the sampler needs."""
+
+    family: str  # "diffill", "diffusion_gemma", "llada", "dream" or "mlm"
+    noise: Noise  # "mask": noisy positions hold the mask token; "uniform": they hold random tokens
+    block_mode: BlockMode  # "restrict": the whole span is on the canvas, blocks order the commits;
+    #                        "append": each block is its own canvas, committed blocks join the context
+    uses_self_conditioning: bool = False  # the model takes the previous step's logits as an input
+
+    def __init__(self, model: Any, tokenizer: Any, special: SpecialTokens, path: str) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.special = special
+        self.path = path
+
+    @property
+    def device(self) -> torch.device:
+        """Where the model's weights live."""
+        return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the model's weights."""
+        return next(self.model.parameters()).dtype
+
+    @property
+    def vocab_size(self) -> int:
+        """Size of the output distribution (may exceed the tokenizer's length)."""
+        return int(self.model.get_output_embeddings().weight.shape[0])
+
+    @property
+    def max_positions(self) -> int:
+        """The longest sequence the model's positions allow."""
+        config = self.model.config
+        text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        return int(getattr(text_config, "max_position_embeddings", 2048) or 2048)
+
+    @abstractmethod
+    def encode(self, prefix_ids: list[int], suffix_ids: list[int], span_length: int, batch_size: int) -> EncodedContext:
+        """Prepare the context of one request (run once; cached where the architecture allows)."""
+
+    @abstractmethod
+    def predict(
+        self, context: EncodedContext, canvas: torch.Tensor, self_conditioning: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Logits (B, N, V) for every span position of `canvas` (B, N)."""
+
+    def encode_rows(
+        self, prefix_ids: list[int], continuation: torch.Tensor, suffix_ids: list[int], span_length: int
+    ) -> EncodedContext:
+        """Append-mode models: the context is the prefix plus each row's finished blocks `continuation` (B, k)."""
+        raise NotImplementedError(f"{self.family} denoises the whole span on one canvas")

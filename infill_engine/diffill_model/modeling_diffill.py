@@ -1,0 +1,299 @@
+"""The embedded masked-diffusion infilling transformer, whose context is encoded once per request.
+
+A request is a context (prefix and suffix tokens) and a canvas of N tokens that fills the hole between them; every
+token carries an explicit position id (prefix 0..P-1, canvas P..P+N-1, suffix P+N..P+N+S-1), so the context can be
+passed in any order. The attention rule:
+
+- context tokens attend bidirectionally to all context tokens and never to canvas tokens;
+- canvas tokens attend to all context tokens and to all canvas tokens;
+- nobody attends a padding token.
+
+Because the context never sees the canvas, its per-layer keys and values do not change while the canvas is denoised.
+`encode_context` computes them once; each `denoise` step then runs the layers over the canvas positions only, the
+canvas queries attending to the cached context keys followed by the canvas keys. This is exact, not an approximate
+cache. `forward` applies the same rule to a whole sequence in one pass, for training, and gives the same logits.
+
+Shapes: B batch, T sequence, C context length, N canvas length, E hidden width, H heads, D head size, V vocabulary.
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import PreTrainedModel, initialization as init
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import MaskedLMOutput
+
+from .configuration_diffill import DiffillConfig
+
+IGNORE_INDEX = -100  # label value of positions that carry no loss (the transformers convention)
+
+
+@dataclass
+class DiffillContextCache:
+    """Per-layer keys and values of an encoded context, shared by every denoising step of a request."""
+
+    keys: tuple[torch.Tensor, ...]  # one (B, H, C, D) per layer, rotary embedding already applied
+    values: tuple[torch.Tensor, ...]  # one (B, H, C, D) per layer
+    padding_mask: torch.Tensor | None  # (B, C) True at real tokens, False at padding; None when nothing is padded
+
+    @property
+    def batch_size(self) -> int:
+        """Number of contexts in the cache (1 when K candidates share one context)."""
+        return self.keys[0].shape[0]
+
+    @property
+    def length(self) -> int:
+        """Context length C, padding included."""
+        return self.keys[0].shape[2]
+
+
+def rotary_cos_sin(
+    positions: torch.LongTensor, head_dim: int, theta: float, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cosines and sines of the rotary angles at explicit positions, each (B, 1, T, D)."""
+    exponents = torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim
+    inv_freq = theta**-exponents  # (D/2,)
+    # Angles in float32: in bfloat16 a position like 1000 is not even representable exactly.
+    angles = positions[..., None].to(torch.float32) * inv_freq  # (B, T, D/2)
+    angles = torch.cat([angles, angles], dim=-1)[:, None]  # (B, 1, T, D)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate each (first half, second half) pair of the head dimension by the position's angles."""
+    x1, x2 = x.chunk(2, dim=-1)  # each (B, H, T, D/2)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin  # (B, H, T, D)
+
+
+def infilling_attention_mask(canvas_mask: torch.Tensor, padding_mask: torch.Tensor) -> torch.Tensor:
+    """Boolean (B, 1, T, T) mask, True where query t may attend key s, implementing the rule of this module."""
+    key_is_context = ~canvas_mask[:, None, :]  # (B, 1, T)
+    query_is_canvas = canvas_mask[:, :, None]  # (B, T, 1)
+    allowed = (key_is_context | query_is_canvas) & padding_mask[:, None, :]  # (B, T, T)
+    # Every position may attend itself. The rule already allows this for real tokens; for a padding token (whose
+    # output nobody reads) it keeps the row from being empty, which would make the softmax NaN.
+    allowed = allowed | torch.eye(canvas_mask.shape[1], dtype=torch.bool, device=canvas_mask.device)
+    return allowed[:, None]  # (B, 1, T, T)
+
+
+def masked_diffusion_loss(
+    logits: torch.Tensor, labels: torch.LongTensor, loss_weights: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Cross-entropy at labelled positions, each weighted by loss_weights, averaged over the labelled count."""
+    labelled = labels != IGNORE_INDEX  # (B, T)
+    token_loss = F.cross_entropy(
+        logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="none"
+    ).view_as(labels)  # (B, T), zero where unlabelled
+    if loss_weights is not None:
+        # where() rather than a product, so an infinite weight at an unlabelled position cannot give NaN
+        token_loss = torch.where(labelled, token_loss * loss_weights.float(), 0.0)
+    return token_loss.sum() / labelled.sum().clamp(min=1)
+
+
+class DiffillAttention(nn.Module):
+    """Multi-head attention with rotary embeddings, optionally after a cached context's keys and values."""
+
+    def __init__(self, config: DiffillConfig):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.head_dim = config.hidden_size // config.num_attention_heads
+        self.qkv_proj = nn.Linear(config.hidden_size, 3 * config.hidden_size, bias=False)
+        self.o_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
+        self.o_proj.scale_init_by_depth = True  # writes into the residual stream, see _init_weights
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        attn_mask: torch.Tensor | None,
+        context_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Attention output (B, T, E), and x's own keys and values (B, H, T, D) for caching."""
+        B, T, E = x.shape
+        q, k, v = self.qkv_proj(x).view(B, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)  # each (B, H, T, D)
+        keys, values = k, v
+        if context_kv is not None:
+            context_k, context_v = context_kv  # each (B or 1, H, C, D); a batch-1 context is expanded, not copied
+            keys = torch.cat([context_k.expand(B, -1, -1, -1), k], dim=2)  # (B, H, C + T, D)
+            values = torch.cat([context_v.expand(B, -1, -1, -1), v], dim=2)  # (B, H, C + T, D)
+        y = F.scaled_dot_product_attention(q, keys, values, attn_mask=attn_mask)  # (B, H, T, D)
+        y = y.transpose(1, 2).reshape(B, T, E)  # (B, T, E)
+        return self.o_proj(y), k, v
+
+
+class DiffillMLP(nn.Module):
+    """SwiGLU feed-forward layer."""
+
+    def __init__(self, config: DiffillConfig):
+        super().__init__()
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.down_proj.scale_init_by_depth = True  # writes into the residual stream, see _init_weights
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, T, E) -> (B, T, E)."""
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # each (B, T, I)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DiffillBlock(GradientCheckpointingLayer):
+    """Pre-norm transformer block: x + attention(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, config: DiffillConfig):
+        super().__init__()
+        self.attn_norm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.attn = DiffillAttention(config)
+        self.mlp_norm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.mlp = DiffillMLP(config)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        attn_mask: torch.Tensor | None,
+        context_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """New hidden states (B, T, E), and this layer's keys and values of x (B, H, T, D)."""
+        attn_out, k, v = self.attn(self.attn_norm(x), cos, sin, attn_mask, context_kv)
+        x = x + attn_out
+        x = x + self.mlp(self.mlp_norm(x))
+        return x, k, v
+
+
+class DiffillPreTrainedModel(PreTrainedModel):
+    """Weight initialisation and loading conventions shared by the Diffill models."""
+
+    config: DiffillConfig
+    base_model_prefix = "diffill"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["DiffillBlock"]
+    _supports_sdpa = True
+
+    def _init_weights(self, module: nn.Module) -> None:
+        """Normal(0, initializer_range) linears and embeddings, unit norms, depth-scaled residual projections."""
+        if isinstance(module, nn.Linear) and getattr(module, "scale_init_by_depth", False):
+            # GPT-2 style: the projections that write into the residual stream shrink with depth.
+            std = self.config.initializer_range / math.sqrt(2 * self.config.num_hidden_layers)
+            init.normal_(module.weight, mean=0.0, std=std)  # skipped for weights loaded from a checkpoint
+        else:
+            super()._init_weights(module)
+
+
+class DiffillForInfilling(DiffillPreTrainedModel):
+    """The infilling model: a context encoder with an exact per-layer cache, and a canvas denoiser."""
+
+    _tied_weights_keys = {"lm_head.weight": "embed_tokens.weight"}
+
+    def __init__(self, config: DiffillConfig):
+        super().__init__(config)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DiffillBlock(config) for _ in range(config.num_hidden_layers))
+        self.norm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        """The token embedding."""
+        return self.embed_tokens
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        """Replace the token embedding."""
+        self.embed_tokens = value
+
+    def get_output_embeddings(self) -> nn.Linear:
+        """The output projection (tied to the token embedding by default)."""
+        return self.lm_head
+
+    def set_output_embeddings(self, value: nn.Linear) -> None:
+        """Replace the output projection."""
+        self.lm_head = value
+
+    def _rotary(self, positions: torch.LongTensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        head_dim = self.config.hidden_size // self.config.num_attention_heads
+        return rotary_cos_sin(positions, head_dim, self.config.rope_theta, dtype)
+
+    @torch.no_grad()
+    def encode_context(
+        self,
+        context_ids: torch.LongTensor,
+        context_positions: torch.LongTensor,
+        context_padding_mask: torch.Tensor | None = None,
+    ) -> DiffillContextCache:
+        """Run the layers over the context alone; context_padding_mask is True at real tokens, False at padding."""
+        x = self.embed_tokens(context_ids)  # (B, C, E)
+        cos, sin = self._rotary(context_positions, x.dtype)  # each (B, 1, C, D)
+        attn_mask = None
+        if context_padding_mask is not None and not bool(context_padding_mask.all()):
+            context_padding_mask = context_padding_mask.bool()
+            attn_mask = infilling_attention_mask(torch.zeros_like(context_padding_mask), context_padding_mask)
+        else:
+            context_padding_mask = None
+        keys, values = [], []
+        for block in self.layers:
+            x, k, v = block(x, cos, sin, attn_mask)
+            keys.append(k)
+            values.append(v.contiguous())  # v is a view into the fused qkv output; keep only its own storage
+        # The context's last-layer output is never used: canvas logits only read the cached keys and values.
+        return DiffillContextCache(keys=tuple(keys), values=tuple(values), padding_mask=context_padding_mask)
+
+    @torch.no_grad()
+    def denoise(
+        self, canvas_ids: torch.LongTensor, canvas_positions: torch.LongTensor, cache: DiffillContextCache
+    ) -> torch.Tensor:
+        """Logits (B, N, V) for the canvas given an encoded context; a batch-1 cache serves any canvas batch."""
+        B, N = canvas_ids.shape
+        if cache.batch_size not in (1, B):
+            raise ValueError(f"a context cache of batch {cache.batch_size} cannot serve a canvas batch of {B}")
+        x = self.embed_tokens(canvas_ids)  # (B, N, E)
+        cos, sin = self._rotary(canvas_positions, x.dtype)  # each (B, 1, N, D)
+        attn_mask = None
+        if cache.padding_mask is not None:
+            context_keys = cache.padding_mask[:, None, None, :].expand(B, 1, N, cache.length)  # (B, 1, N, C)
+            canvas_keys = torch.ones(B, 1, N, N, dtype=torch.bool, device=canvas_ids.device)  # (B, 1, N, N)
+            attn_mask = torch.cat([context_keys, canvas_keys], dim=-1)  # (B, 1, N, C + N)
+        for block, context_k, context_v in zip(self.layers, cache.keys, cache.values):
+            x, _, _ = block(x, cos, sin, attn_mask, (context_k, context_v))
+        return self.lm_head(self.norm(x))  # (B, N, V)
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor,
+        position_ids: torch.LongTensor | None = None,
+        canvas_mask: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        loss_weights: torch.Tensor | None = None,
+        **kwargs,
+    ) -> MaskedLMOutput:
+        """One pass over context and canvas together (training); canvas_mask None means all positions are canvas."""
+        B, T = input_ids.shape
+        if position_ids is None:
+            position_ids = torch.arange(T, device=input_ids.device).expand(B, T)
+        x = self.embed_tokens(input_ids)  # (B, T, E)
+        cos, sin = self._rotary(position_ids, x.dtype)  # each (B, 1, T, D)
+        attn_mask = None  # plain bidirectional attention
+        if canvas_mask is not None or attention_mask is not None:
+            everywhere = torch.ones_like(input_ids, dtype=torch.bool)
+            canvas = everywhere if canvas_mask is None else canvas_mask.bool()
+            real = everywhere if attention_mask is None else attention_mask.bool()
+            attn_mask = infilling_attention_mask(canvas, real)  # (B, 1, T, T)
+        for block in self.layers:
+            x, _, _ = block(x, cos, sin, attn_mask)
+        logits = self.lm_head(self.norm(x))  # (B, T, V)
+        loss = None if labels is None else masked_diffusion_loss(logits, labels, loss_weights)
+        return MaskedLMOutput(loss=loss, logits=logits)
+
+
+__all__ = [
+    "DiffillContextCache",
+    "DiffillForInfilling",
+    "DiffillPreTrainedModel",
+    "infilling_attention_mask",
+    "masked_diffusion_loss",
+]

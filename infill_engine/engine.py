@@ -1,0 +1,255 @@
+"""The infill engine: text around a hole in, ranked syntax-checked fills out.
+
+    prefix, suffix -> trimmed context -> canvas -> denoising loop (K candidates in one batch)
+                   -> decode up to end-of-span -> syntax gate -> repair rejected ones -> rank
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from infill_engine import syntax
+from infill_engine.adapters.base import Denoiser
+from infill_engine.canvas import ContextConfig, trim_context
+from infill_engine.sampler import DenoisedSpan, SamplerConfig, StepCallback, denoise_span
+from infill_engine.stats import FillStats
+
+logger = logging.getLogger(__name__)
+
+MAX_SPAN_TOKENS = 4096
+MAX_CANDIDATES = 16
+
+
+@dataclass(frozen=True)
+class InfillRequest:
+    """A hole to fill: the text before and after it, and how to fill it."""
+
+    prefix: str
+    suffix: str
+    language: str | None = None  # canonical name, LSP languageId or file name; None: lexical bracket check only
+    max_tokens: int = 64  # span positions on the canvas; the model may end the span earlier
+    candidates: int = 1  # canvases denoised together in one batch
+    gate: bool = True  # drop candidates that add syntax problems (after trying to repair them)
+    seed: int | None = None  # overrides SamplerConfig.seed
+
+    def validate(self) -> None:
+        """Raise ValueError saying what is wrong and what is allowed."""
+        if not isinstance(self.prefix, str) or not isinstance(self.suffix, str):
+            raise ValueError("prefix and suffix must be text (str)")
+        if not isinstance(self.max_tokens, int) or not 1 <= self.max_tokens <= MAX_SPAN_TOKENS:
+            raise ValueError(f"max_tokens must be an integer from 1 to {MAX_SPAN_TOKENS} (got {self.max_tokens!r})")
+        if not isinstance(self.candidates, int) or not 1 <= self.candidates <= MAX_CANDIDATES:
+            raise ValueError(f"candidates must be an integer from 1 to {MAX_CANDIDATES} (got {self.candidates!r})")
+
+
+@dataclass
+class Candidate:
+    """One filled span."""
+
+    text: str
+    token_ids: list[int]
+    score: float  # mean log-probability of its tokens (higher is surer)
+    gate: syntax.GateResult | None = None  # None when the gate was off
+    repairs: int = 0  # re-noise-and-denoise rounds it went through
+
+    @property
+    def passed(self) -> bool:
+        """True when the gate was off or found no new syntax problem."""
+        return self.gate is None or self.gate.ok
+
+
+@dataclass
+class InfillResult:
+    """Fills that passed the gate, best first, the ones it rejected, and what it cost."""
+
+    candidates: list[Candidate]
+    rejected: list[Candidate]
+    stats: FillStats = field(default_factory=FillStats)
+
+    @property
+    def text(self) -> str | None:
+        """The best fill, or None when no candidate passed."""
+        return self.candidates[0].text if self.candidates else None
+
+
+class InfillEngine:
+    """Fills holes with a diffusion denoiser; knows nothing of editors or LSP."""
+
+    def __init__(
+        self,
+        denoiser: Denoiser,
+        sampler: SamplerConfig | None = None,
+        context: ContextConfig | None = None,
+        repair_rounds: int = 2,
+    ) -> None:
+        self.denoiser = denoiser
+        self.sampler = sampler or default_sampler_for(denoiser)
+        self.context = context or ContextConfig()
+        self.repair_rounds = repair_rounds
+
+    @classmethod
+    def load(
+        cls,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        family: str | None = None,
+        device: str = "auto",
+        dtype: str = "auto",
+        trust_remote_code: bool = False,
+        sampler: SamplerConfig | None = None,
+        context: ContextConfig | None = None,
+    ) -> "InfillEngine":
+        """Load a checkpoint (the embedded one when `path` is None) and wrap it in an engine."""
+        from infill_engine.loading import load_denoiser
+
+        denoiser = load_denoiser(path, family=family, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
+        return cls(denoiser, sampler=sampler, context=context)
+
+    def fill(self, request: InfillRequest, on_step: StepCallback | None = None) -> InfillResult:
+        """Fill the hole between `request.prefix` and `request.suffix`."""
+        request.validate()
+        stats = FillStats(candidates=request.candidates, canvas_positions=request.max_tokens)
+        language = syntax.language_for(request.language) if request.language else None
+        config = self.sampler if request.seed is None else replace(self.sampler, seed=request.seed)
+        with stats.timed("total"):
+            with stats.timed("tokenize"):
+                trimmed = trim_context(self.denoiser.tokenizer, request.prefix, request.suffix, self._budget(request))
+            span = denoise_span(
+                self.denoiser, trimmed.prefix_ids, trimmed.suffix_ids, request.max_tokens, config,
+                batch_size=request.candidates, stats=stats, on_step=on_step,
+            )
+            candidates = self._decode(span)
+            if request.gate:
+                with stats.timed("gate"):
+                    for candidate in candidates:
+                        candidate.gate = syntax.check_fill(
+                            request.prefix + request.suffix, len(request.prefix), len(request.prefix),
+                            candidate.text, language,
+                        )
+                with stats.timed("repair"):
+                    self._repair(request, trimmed.prefix_ids, trimmed.suffix_ids, candidates, language, config, stats)
+        passing = [c for c in candidates if c.passed]
+        rejected = [c for c in candidates if not c.passed]
+        passing.sort(key=lambda c: (syntax.rank_key(c.gate) if c.gate else (), -c.score))
+        best = passing[0] if passing else (candidates[0] if candidates else None)
+        stats.tokens_generated = len(best.token_ids) if best else 0
+        return InfillResult(_unique(passing), rejected, stats)
+
+    def _budget(self, request: InfillRequest) -> ContextConfig:
+        """The context budget, shrunk so that prefix, span and suffix fit the model's positions."""
+        room = self.denoiser.max_positions - request.max_tokens - 2
+        if room < 0:
+            raise ValueError(
+                f"max_tokens {request.max_tokens} does not fit this model's {self.denoiser.max_positions} positions"
+            )
+        prefix_tokens, suffix_tokens = self.context.prefix_tokens, self.context.suffix_tokens
+        if prefix_tokens + suffix_tokens > room:
+            suffix_tokens = min(suffix_tokens, room // 4)
+            prefix_tokens = room - suffix_tokens
+        return ContextConfig(prefix_tokens=prefix_tokens, suffix_tokens=suffix_tokens)
+
+    def _decode(self, span: DenoisedSpan) -> list[Candidate]:
+        """Cut each row at its first end-of-span token and turn it into text."""
+        end_ids = set(self.denoiser.special.end_of_span_ids)
+        never = set(self.denoiser.special.ids_never_generated)
+        candidates = []
+        for row, probs in zip(span.tokens.tolist(), span.probs.tolist()):
+            kept, kept_probs = [], []
+            for token, prob in zip(row, probs):
+                if token in end_ids:
+                    break
+                if token not in never:
+                    kept.append(token)
+                    kept_probs.append(prob)
+            score = sum(math.log(max(p, 1e-12)) for p in kept_probs) / max(len(kept_probs), 1)
+            candidates.append(Candidate(self._text(kept), kept, score))
+        return candidates
+
+    def _text(self, token_ids: list[int]) -> str:
+        """Decode span tokens exactly (no clean-up of spaces: code keeps its whitespace)."""
+        return self.denoiser.tokenizer.decode(token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+    def _repair(
+        self,
+        request: InfillRequest,
+        prefix_ids: list[int],
+        suffix_ids: list[int],
+        candidates: list[Candidate],
+        language: str | None,
+        config: SamplerConfig,
+        stats: FillStats,
+    ) -> None:
+        """Re-noise the tokens around each new syntax problem and denoise them again, a bounded number of times."""
+        document = request.prefix + request.suffix
+        start = len(request.prefix)
+        end_id = self.denoiser.special.end_of_span_ids[0] if self.denoiser.special.end_of_span_ids else None
+        for round_index in range(self.repair_rounds):
+            failing = [c for c in candidates if c.gate is not None and not c.gate.ok and c.token_ids]
+            if not failing:
+                return
+            length = request.max_tokens
+            initial = torch.full((len(failing), length), end_id if end_id is not None else 0, dtype=torch.long)
+            frozen = torch.ones((len(failing), length), dtype=torch.bool)
+            for row, candidate in enumerate(failing):
+                ids = candidate.token_ids[:length]
+                initial[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+                for first, last in self._problem_tokens(candidate, start):
+                    frozen[row, first : last + 1] = False
+                if end_id is not None:  # room to grow by a couple of tokens (a missing closing bracket)
+                    frozen[row, len(ids) : len(ids) + 2] = False
+            repair_config = replace(
+                config,
+                greedy_first=False,
+                temperature_start=max(config.temperature_start, 0.8),
+                temperature_end=max(config.temperature_end, 0.4),
+                seed=config.seed + round_index + 1,
+            )
+            span = denoise_span(
+                self.denoiser, prefix_ids, suffix_ids, length, repair_config,
+                batch_size=len(failing), stats=stats, initial=initial, frozen=frozen,
+            )
+            stats.repairs += 1
+            for candidate, repaired in zip(failing, self._decode(span)):
+                gate = syntax.check_fill(document, start, start, repaired.text, language)
+                if syntax.rank_key(gate) <= syntax.rank_key(candidate.gate):
+                    candidate.text, candidate.token_ids, candidate.score = repaired.text, repaired.token_ids, repaired.score
+                    candidate.gate = gate
+                candidate.repairs += 1
+
+    def _problem_tokens(self, candidate: Candidate, start: int) -> list[tuple[int, int]]:
+        """Token index ranges of the candidate that cover its new syntax problems, one token of margin each side."""
+        ends = []  # character offset where each token ends in the candidate's text
+        for index in range(len(candidate.token_ids)):
+            ends.append(len(self._text(candidate.token_ids[: index + 1])))
+        ranges = []
+        for begin, finish in syntax.problems_in_fill(candidate.gate, start, candidate.text, margin=1):
+            first = next((i for i, e in enumerate(ends) if e > begin), len(ends) - 1)
+            last = next((i for i, e in enumerate(ends) if e >= finish), len(ends) - 1)
+            ranges.append((max(first - 1, 0), min(last + 1, len(ends) - 1)))
+        return ranges or [(max(len(ends) - 2, 0), len(ends) - 1)]
+
+
+def default_sampler_for(denoiser: Denoiser) -> SamplerConfig:
+    """Library defaults per family: DiffusionGemma's entropy-bound sampler, confidence thresholds elsewhere."""
+    if denoiser.noise == "uniform":
+        return SamplerConfig(
+            steps=48, block_size=256, commit="entropy_bound", entropy_bound=0.1,
+            temperature_start=0.8, temperature_end=0.4, stability_steps=1, confidence_threshold=0.005,
+        )
+    return SamplerConfig()
+
+
+def _unique(candidates: list[Candidate]) -> list[Candidate]:
+    """Drop empty fills and later duplicates of the same text."""
+    seen: set[str] = set()
+    unique = []
+    for candidate in candidates:
+        if candidate.text and candidate.text not in seen:
+            seen.add(candidate.text)
+            unique.append(candidate)
+    return unique

@@ -1,0 +1,191 @@
+"""Loading a checkpoint from disk and choosing the adapter for its family.
+
+The family is read from the checkpoint's `config.json` (`model_type` and `architectures`); `family=` overrides it.
+Custom modelling code in a checkpoint (`auto_map`) runs only when the caller passes `trust_remote_code=True`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from infill_engine.adapters.base import Denoiser
+
+logger = logging.getLogger(__name__)
+
+FAMILIES = ("diffill", "diffusion_gemma", "llada", "dream", "mlm")
+# model_type (lower case) -> family, for the checkpoints we know
+KNOWN_MODEL_TYPES = {
+    "diffill": "diffill",
+    "diffusion_gemma": "diffusion_gemma",
+    "llada": "llada",
+    "llada_moe": "llada",
+    "llada2_moe": "llada",
+    "dream": "dream",
+    "coda": "dream",
+    "open_dcoder": "dream",
+}
+SHIFTED_FAMILIES = {"dream"}
+PACKAGED_MODEL = Path(__file__).parent / "model"  # the embedded default checkpoint, when one is shipped
+
+
+class ModelLoadError(Exception):
+    """A model directory is missing, incomplete, corrupt or of an unsupported family."""
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What a checkpoint is, read from its config without loading weights."""
+
+    path: str
+    family: str
+    model_type: str
+    architectures: tuple[str, ...]
+    needs_remote_code: bool
+
+
+def default_model_path() -> Path | None:
+    """The shipped checkpoint inside the package, or None when this build has none."""
+    return PACKAGED_MODEL if (PACKAGED_MODEL / "config.json").is_file() else None
+
+
+def read_config(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The checkpoint's config.json as a dict, with clear errors for a missing or broken directory."""
+    directory = Path(path)
+    if not directory.exists():
+        raise ModelLoadError(f"model directory {str(directory)!r} does not exist")
+    if not directory.is_dir():
+        raise ModelLoadError(f"{str(directory)!r} is not a directory; a model is a directory with config.json")
+    config_file = directory / "config.json"
+    if not config_file.is_file():
+        raise ModelLoadError(f"{str(directory)!r} is not a model directory: it has no config.json")
+    try:
+        return json.loads(config_file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ModelLoadError(f"{config_file} is not valid JSON ({error}); the checkpoint is corrupt") from error
+
+
+def detect_family(config: dict[str, Any]) -> str:
+    """Which adapter family a config belongs to: from model_type, then from the architecture names."""
+    model_type = str(config.get("model_type", "")).lower()
+    if model_type in KNOWN_MODEL_TYPES:
+        return KNOWN_MODEL_TYPES[model_type]
+    architectures = " ".join(config.get("architectures") or []).lower()
+    for marker, family in (("llada", "llada"), ("dream", "dream"), ("diffucoder", "dream"), ("coda", "dream")):
+        if marker in architectures:
+            return family
+    if architectures.endswith("formaskedlm") or "formaskedlm" in architectures:
+        return "mlm"
+    raise ModelLoadError(
+        f"cannot tell which diffusion family model_type {model_type!r} (architectures: {architectures or 'none'}) "
+        f"belongs to; pass a family explicitly, one of: {', '.join(FAMILIES)}"
+    )
+
+
+def inspect_model(path: str | os.PathLike[str], family: str | None = None) -> ModelInfo:
+    """Read a checkpoint's family and needs without loading its weights."""
+    config = read_config(path)
+    if family is not None and family not in FAMILIES:
+        raise ModelLoadError(f"unknown model family {family!r}; allowed: {', '.join(FAMILIES)}")
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    model_type = str(config.get("model_type", ""))
+    native = model_type in CONFIG_MAPPING or model_type == "diffill"
+    return ModelInfo(
+        path=str(path),
+        family=family or detect_family(config),
+        model_type=model_type,
+        architectures=tuple(config.get("architectures") or ()),
+        needs_remote_code=bool(config.get("auto_map")) and not native,
+    )
+
+
+def load_denoiser(
+    path: str | os.PathLike[str] | None = None,
+    family: str | None = None,
+    device: str = "auto",
+    dtype: str = "auto",
+    trust_remote_code: bool = False,
+) -> Denoiser:
+    """Load a checkpoint directory (the shipped one when `path` is None) behind the adapter of its family."""
+    from infill_engine.device import choose_device, choose_dtype
+
+    if path is None:
+        path = default_model_path()
+        if path is None:
+            raise ModelLoadError(
+                "no model configured and this build ships no embedded model; pass a model directory (--model PATH)"
+            )
+    info = inspect_model(path, family)
+    if info.needs_remote_code and not trust_remote_code:
+        raise ModelLoadError(
+            f"{info.path} ({info.model_type}) ships its own modelling code (auto_map in config.json), which diffill "
+            "runs only when you allow it: set trust_remote_code (--trust-remote-code) if you trust this checkpoint"
+        )
+    torch_device = choose_device(device)
+    torch_dtype = choose_dtype(torch_device, dtype)
+    try:
+        model, tokenizer = _load_weights(info, torch_dtype, trust_remote_code)
+    except ModelLoadError:
+        raise
+    except Exception as error:  # noqa: BLE001 - any failure here is the checkpoint's (corrupt, truncated, alien)
+        raise ModelLoadError(f"could not load the model in {info.path}: {error}") from error
+    model.to(torch_device).eval()
+    return _wrap(info, model, tokenizer)
+
+
+def _load_weights(info: ModelInfo, dtype: Any, trust_remote_code: bool) -> tuple[Any, Any]:
+    """The model and tokenizer objects of a checkpoint, through the transformers classes of its family."""
+    import transformers
+
+    if not any(Path(info.path).glob("*.safetensors")) and not any(Path(info.path).glob("*.bin")):
+        raise ModelLoadError(f"{info.path} has a config.json but no weights (*.safetensors)")
+    options: dict[str, Any] = {"dtype": dtype}
+    if info.family == "diffusion_gemma":
+        model = transformers.DiffusionGemmaForBlockDiffusion.from_pretrained(info.path, **options)
+    elif info.family == "diffill":
+        import infill_engine.diffill_model  # noqa: F401  (registers the classes with the Auto classes)
+
+        model = transformers.AutoModelForMaskedLM.from_pretrained(info.path, **options)
+    elif info.family == "mlm":
+        model = transformers.AutoModelForMaskedLM.from_pretrained(
+            info.path, trust_remote_code=trust_remote_code, **options
+        )
+    else:
+        auto_map = read_config(info.path).get("auto_map") or {}
+        auto_class = transformers.AutoModel
+        if "AutoModelForCausalLM" in auto_map or not auto_map:
+            auto_class = transformers.AutoModelForCausalLM
+        model = auto_class.from_pretrained(info.path, trust_remote_code=trust_remote_code, **options)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(info.path, trust_remote_code=trust_remote_code)
+    return model, tokenizer
+
+
+def _wrap(info: ModelInfo, model: Any, tokenizer: Any) -> Denoiser:
+    """The adapter object for a loaded model."""
+    from infill_engine.adapters.diffill import DiffillDenoiser
+    from infill_engine.adapters.diffusion_gemma import DiffusionGemmaDenoiser
+    from infill_engine.adapters.masked import MaskedDenoiser
+    from infill_engine.special_tokens import resolve_special_tokens
+
+    special = resolve_special_tokens(tokenizer, model.config, getattr(model, "generation_config", None))
+    if info.family == "diffusion_gemma":
+        return DiffusionGemmaDenoiser(model, tokenizer, special, info.path)
+    if info.family == "diffill":
+        return DiffillDenoiser(model, tokenizer, special, info.path)
+    try:
+        return MaskedDenoiser(
+            model,
+            tokenizer,
+            special,
+            info.path,
+            family=info.family,
+            shift_logits=info.family in SHIFTED_FAMILIES,
+            wrap_with_cls_sep=info.family == "mlm",
+        )
+    except ValueError as error:
+        raise ModelLoadError(str(error)) from error

@@ -1,0 +1,89 @@
+"""The special token ids a denoiser needs, read from the model's tokenizer and config (never literals)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+# Names under which diffusion checkpoints register their mask token, in order of preference. These are token
+# *strings* looked up in the tokenizer's vocabulary; the ids always come from the tokenizer.
+MASK_TOKEN_NAMES = ("<|mdm_mask|>", "<|mask|>", "<mask>", "[MASK]")
+# Our own end-of-span token (the embedded model is trained with it); other models end a span with their EOS.
+END_OF_SPAN_TOKEN_NAMES = ("<|endofspan|>",)
+
+
+@dataclass(frozen=True)
+class SpecialTokens:
+    """Token ids with a role in the canvas, resolved once at load time."""
+
+    mask_id: int | None  # the noise token of masked-diffusion models; None for uniform-noise models
+    end_of_span_ids: tuple[int, ...]  # any of these ends the span; what follows is dropped
+    pad_id: int | None  # padding in batches and after the end of a span
+    bos_id: int | None  # put before an empty prefix when the model reads logits shifted by one
+    cls_id: int | None  # encoder MLMs wrap the sequence in [CLS] ... [SEP]
+    sep_id: int | None
+    ids_never_generated: tuple[int, ...]  # special ids the denoiser must never write into a span
+
+
+def _vocab_id(tokenizer: Any, names: tuple[str, ...]) -> int | None:
+    """The id of the first of `names` that the tokenizer knows as a whole token."""
+    vocab = tokenizer.get_vocab()
+    for name in names:
+        if name in vocab:
+            return int(vocab[name])
+    return None
+
+
+def _as_ids(value: Any) -> tuple[int, ...]:
+    """Normalise an id, a list of ids or None to a tuple."""
+    if value is None:
+        return ()
+    if isinstance(value, (list, tuple)):
+        return tuple(int(v) for v in value)
+    return (int(value),)
+
+
+def resolve_special_tokens(tokenizer: Any, config: Any, generation_config: Any = None) -> SpecialTokens:
+    """Read mask, end-of-span, pad and wrapper ids from a tokenizer, a model config and a generation config."""
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    mask_id = getattr(tokenizer, "mask_token_id", None)
+    if mask_id is None:
+        mask_id = _vocab_id(tokenizer, MASK_TOKEN_NAMES)
+    if mask_id is None:
+        for source in (config, text_config, generation_config):
+            if source is not None and getattr(source, "mask_token_id", None) is not None:
+                mask_id = int(source.mask_token_id)
+                break
+
+    end_of_span = _vocab_id(tokenizer, END_OF_SPAN_TOKEN_NAMES)
+    if end_of_span is not None:
+        end_ids: tuple[int, ...] = (end_of_span,)
+    else:
+        end_ids = _as_ids(getattr(tokenizer, "eos_token_id", None))
+        for source in (generation_config, text_config):
+            if source is not None:
+                end_ids += tuple(i for i in _as_ids(getattr(source, "eos_token_id", None)) if i not in end_ids)
+        if not end_ids:
+            end_ids = _as_ids(getattr(tokenizer, "sep_token_id", None))
+
+    pad_id = getattr(tokenizer, "pad_token_id", None)
+    if pad_id is None:
+        pad_id = getattr(text_config, "pad_token_id", None)
+    bos_id = getattr(tokenizer, "bos_token_id", None)
+    if bos_id is None:
+        bos_id = getattr(text_config, "bos_token_id", None)
+
+    never = {int(i) for i in getattr(tokenizer, "all_special_ids", [])} - set(end_ids)
+    for token_id in (mask_id, pad_id, bos_id):
+        if token_id is not None:
+            never.add(int(token_id))
+    never -= set(end_ids)
+    return SpecialTokens(
+        mask_id=None if mask_id is None else int(mask_id),
+        end_of_span_ids=end_ids,
+        pad_id=None if pad_id is None else int(pad_id),
+        bos_id=None if bos_id is None else int(bos_id),
+        cls_id=getattr(tokenizer, "cls_token_id", None),
+        sep_id=getattr(tokenizer, "sep_token_id", None),
+        ids_never_generated=tuple(sorted(never)),
+    )

@@ -1,0 +1,198 @@
+"""The denoising loop: every branch of SamplerConfig on a scripted denoiser and on tiny real models."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from infill_engine.loading import load_denoiser
+from infill_engine.sampler import (
+    FillCancelled,
+    SamplerConfig,
+    StepView,
+    denoise_span,
+    temperature_at,
+)
+from infill_engine.stats import FillStats
+from tests.scripted import ScriptedDenoiser
+
+GREEDY = SamplerConfig(steps=64, block_size=64, threshold=0.9, stability_steps=0, confidence_threshold=0.0)
+
+
+def committed_counts(denoiser, config, span_length, batch=1, **kwargs):
+    """Run the loop and return the number of committed positions after each step, and the result."""
+    counts: list[list[int]] = []
+
+    def record(view: StepView) -> None:
+        counts.append(view.committed.sum(dim=-1).tolist())
+
+    span = denoise_span(denoiser, [], [], span_length, config, batch_size=batch, on_step=record, **kwargs)
+    return counts, span
+
+
+def test_threshold_commits_every_confident_position_in_one_step(tokenizer):
+    denoiser = ScriptedDenoiser(tokenizer, ["return a + b"], margin=14.0)
+    stats = FillStats()
+    span = denoise_span(denoiser, [], [], 12, GREEDY, stats=stats)
+    assert stats.forward_passes == 1
+    text = tokenizer.decode([t for t in span.tokens[0].tolist() if t not in denoiser.special.end_of_span_ids])
+    assert text == "return a + b"
+
+
+def test_threshold_commits_at_least_one_position_per_step_when_unsure(tokenizer):
+    denoiser = ScriptedDenoiser(tokenizer, ["return a + b"], margin=2.0)
+    counts, _ = committed_counts(denoiser, GREEDY, 8)
+    increments = [b[0] - a[0] for a, b in zip([[0]] + counts, counts)]
+    assert all(step >= 1 for step in increments)
+    assert counts[-1][0] == 8
+
+
+def test_schedule_spreads_commits_evenly_over_the_steps(tokenizer):
+    denoiser = ScriptedDenoiser(tokenizer, ["x" * 20], margin=2.0)
+    config = replace(GREEDY, commit="schedule", steps=4)
+    counts, _ = committed_counts(denoiser, config, 8)
+    assert [c[0] for c in counts] == [2, 4, 6, 8]
+
+
+@pytest.mark.parametrize("order", ["confidence", "margin", "entropy"])
+def test_surest_position_is_committed_first(tokenizer, order):
+    confidence = [1.0, 2.0, 6.0, 3.0, 1.5, 2.5]
+    denoiser = ScriptedDenoiser(tokenizer, ["abcdefghij"], confidence=confidence)
+    config = replace(GREEDY, order=order, threshold=1.0)
+    firsts = []
+
+    def record(view: StepView) -> None:
+        firsts.append(view.committed[0].clone())
+
+    denoise_span(denoiser, [], [], 6, config, on_step=record)
+    assert firsts[0].nonzero().flatten().tolist() == [2]  # the position with the largest margin
+    assert firsts[1].nonzero().flatten().tolist() == [2, 3]
+
+
+def test_random_order_depends_on_the_seed(tokenizer):
+    denoiser = ScriptedDenoiser(tokenizer, ["abcdefghij"], margin=2.0)
+    first_positions = set()
+    for seed in range(6):
+        config = replace(GREEDY, order="random", threshold=1.0, seed=seed)
+        counts = []
+        denoise_span(denoiser, [], [], 8, config, on_step=lambda v: counts.append(v.committed[0].clone()))
+        first_positions.add(int(counts[0].nonzero()[0]))
+    assert len(first_positions) > 1
+
+
+def test_entropy_bound_accepts_only_low_entropy_positions_and_renoises_the_rest(tokenizer):
+    confidence = [20.0, 20.0, 1.0, 1.0, 1.0, 1.0]
+    denoiser = ScriptedDenoiser(tokenizer, ["abcdef"], confidence=confidence)
+    config = replace(GREEDY, commit="entropy_bound", entropy_bound=0.5, steps=1)
+    views = []
+    denoise_span(denoiser, [], [], 6, config, on_step=lambda v: views.append((v.canvas.clone(), v.committed.clone())))
+    canvas, accepted = views[0]
+    # the two sure positions, plus the next one: its own entropy is the max and is not counted against the bound
+    assert accepted[0].tolist() == [True, True, True, False, False, False]
+    assert (canvas[0, 3:] == denoiser.special.mask_id).all()  # re-noised
+
+
+class FlipDenoiser(ScriptedDenoiser):
+    """Confident of 'a' at position 0 on the first call, then sure it should be 'b'."""
+
+    def predict(self, context, canvas, self_conditioning=None):
+        logits = super().predict(context, canvas, self_conditioning)
+        a, b = self.tokenizer.convert_tokens_to_ids(["a", "b"])
+        logits[:, 0] = 0.0
+        logits[:, 0, a if self.calls == 1 else b] = 14.0
+        logits[:, 1:] = logits[:, 1:] * (0.1 if self.calls == 1 else 1.0)
+        return logits
+
+
+@pytest.mark.parametrize("revise_below, expected", [(0.5, "b"), (0.0, "a")])
+def test_revision_re_decides_a_committed_token_whose_confidence_fell(tokenizer, revise_below, expected):
+    denoiser = FlipDenoiser(tokenizer, ["axyz"], margin=14.0)
+    span = denoise_span(denoiser, [], [], 4, replace(GREEDY, revise_below=revise_below))
+    assert tokenizer.decode(span.tokens[0, :1].tolist()) == expected
+
+
+def test_early_stop_when_the_canvas_is_stable_and_confident(tokenizer):
+    denoiser = ScriptedDenoiser(tokenizer, ["abcdefghijklmnop"], margin=14.0)
+    config = replace(GREEDY, threshold=1.0, stability_steps=1, confidence_threshold=0.01)
+    stats = FillStats()
+    span = denoise_span(denoiser, [], [], 16, config, stats=stats)
+    assert stats.forward_passes == 2  # one to see it, one to see it again unchanged
+    assert stats.stopped_early
+    assert tokenizer.decode(span.tokens[0].tolist()).startswith("abcdefghijklmnop"[:8])
+
+
+def test_blocks_are_denoised_in_order(tokenizer):
+    denoiser = ScriptedDenoiser(tokenizer, ["abcdefghijkl"], margin=2.0)
+    config = replace(GREEDY, block_size=4)
+    views = []
+    denoise_span(denoiser, [], [], 12, config, on_step=lambda v: views.append((v.block, v.committed[0].clone())))
+    assert [block for block, _ in views] == sorted(block for block, _ in views)
+    for block, committed in views:
+        later = committed[(block + 1) * 4 :]
+        assert not later.any()  # nothing beyond the current block is decided early
+
+
+def test_a_short_span_ends_early_and_skips_later_blocks(tokenizer):
+    denoiser = ScriptedDenoiser(tokenizer, ["ab"], margin=14.0)
+    stats = FillStats()
+    span = denoise_span(denoiser, [], [], 32, replace(GREEDY, block_size=8), stats=stats)
+    end = denoiser.special.end_of_span_ids[0]
+    assert stats.forward_passes == 1
+    assert (span.tokens[0, 2:] == end).all()
+
+
+def test_candidates_are_denoised_as_one_batch(tokenizer):
+    denoiser = ScriptedDenoiser(tokenizer, ["aa", "bb", "cc"], margin=14.0)
+    stats = FillStats()
+    span = denoise_span(denoiser, [], [], 6, GREEDY, batch_size=3, stats=stats)
+    assert span.tokens.shape == (3, 6)
+    assert stats.forward_passes == denoiser.calls == 1
+    assert all(canvas.shape[0] == 3 for canvas in denoiser.seen_canvases)
+
+
+def test_callback_can_cancel_the_fill(tokenizer):
+    denoiser = ScriptedDenoiser(tokenizer, ["abcdefgh"], margin=2.0)
+    with pytest.raises(FillCancelled):
+        denoise_span(denoiser, [], [], 8, GREEDY, on_step=lambda view: view.step < 2)
+    assert denoiser.calls == 3
+
+
+def test_frozen_positions_are_never_changed(tokenizer):
+    denoiser = ScriptedDenoiser(tokenizer, ["abcdefgh"], margin=14.0)
+    keep = tokenizer.convert_tokens_to_ids("z")
+    initial = torch.tensor([keep] * 8)
+    frozen = torch.tensor([True, False, True, False, False, False, False, True])
+    span = denoise_span(denoiser, [], [], 8, GREEDY, initial=initial, frozen=frozen)
+    assert span.tokens[0, frozen].tolist() == [keep] * 3
+    assert span.tokens[0, 1] != keep
+
+
+def test_temperature_schedule_is_linear_from_start_to_end():
+    config = SamplerConfig(steps=4, temperature_start=0.8, temperature_end=0.4)
+    temps = [temperature_at(config, step) for step in range(4)]
+    assert temps[0] == pytest.approx(0.8)
+    assert temps == sorted(temps, reverse=True)
+    assert temps[-1] == pytest.approx(0.4 + 0.4 / 4)
+
+
+def test_invalid_sampler_settings_name_the_problem():
+    with pytest.raises(ValueError, match="commit must be one of"):
+        SamplerConfig(commit="fastest")
+    with pytest.raises(ValueError, match="steps must be an integer >= 1"):
+        SamplerConfig(steps=0)
+
+
+@pytest.mark.parametrize("family", ["diffill", "diffusion_gemma", "mlm", "dream", "llada"])
+def test_same_seed_same_output_and_another_seed_differs(model_dirs, family):
+    denoiser = load_denoiser(model_dirs[family], trust_remote_code=True)
+    from infill_engine.engine import default_sampler_for
+
+    config = replace(default_sampler_for(denoiser), temperature_start=1.0, temperature_end=1.0, steps=8,
+                     greedy_first=False)
+    prefix = denoiser.tokenizer("def add(a, b):\n    return ", add_special_tokens=False)["input_ids"]
+    suffix = denoiser.tokenizer("\nprint(add(1, 2))\n", add_special_tokens=False)["input_ids"]
+    runs = [denoise_span(denoiser, prefix, suffix, 8, replace(config, seed=s)).tokens for s in (1, 1, 2)]
+    assert torch.equal(runs[0], runs[1])
+    assert not torch.equal(runs[0], runs[2])

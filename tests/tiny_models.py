@@ -1,0 +1,140 @@
+"""Tiny random-weight checkpoints of every supported family, built on the fly and saved like real ones.
+
+Each builder writes a directory with `save_pretrained` (config, safetensors weights, tokenizer) and returns its
+path; tests then load it through `infill_engine.loading`, the path a user's checkpoint takes.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
+CORPUS = [
+    "def add(a, b):\n    return a + b\n",
+    "def scale(values, factor):\n    return [v * factor for v in values]\n",
+    "for i in range(10):\n    print(i, i * i)\n",
+    "class Point:\n    def __init__(self, x, y):\n        self.x = x\n        self.y = y\n",
+    "function add(a, b) {\n  return a + b;\n}\n",
+    "if (x > 0) { y = compute(x, [1, 2, 3]); }\n",
+    "fn main() { let v = vec![1, 2]; println!(\"{}\", v.len()); }\n",
+    "result = compute(a, b)\nprint(result)\n",
+    "import os\nimport sys\n\nvalues = {'a': 1, 'b': (2, 3)}\n",
+]
+
+
+def build_tokenizer(specials: dict[str, str], vocab_size: int = 200) -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer trained on a few lines of code; `specials` maps role -> token string."""
+    ordered = list(dict.fromkeys(specials.values()))
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=ordered, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(CORPUS * 3, trainer=trainer)
+    roles = {f"{role}_token": token for role, token in specials.items() if role in
+             ("mask", "pad", "eos", "bos", "cls", "sep", "unk")}
+    extra = [t for role, t in specials.items() if f"{role}_token" not in roles]
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, **roles)
+    if extra:
+        fast.add_special_tokens({"additional_special_tokens": extra})
+    return fast
+
+
+def _save(model, tokenizer, directory: Path) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def build_diffill(directory: Path, seed: int = 0, hidden: int = 32, layers: int = 2) -> Path:
+    """The embedded model's own architecture at a tiny size."""
+    from infill_engine.diffill_model import DiffillConfig, DiffillForInfilling
+
+    tokenizer = build_tokenizer({"pad": "<|pad|>", "mask": "<|mask|>", "eos": "<|endoftext|>",
+                                 "end_of_span": "<|endofspan|>"})
+    torch.manual_seed(seed)
+    config = DiffillConfig(
+        vocab_size=len(tokenizer), hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=2,
+        intermediate_size=2 * hidden, max_position_embeddings=1024,
+        mask_token_id=tokenizer.mask_token_id, pad_token_id=tokenizer.pad_token_id,
+        end_of_span_token_id=tokenizer.convert_tokens_to_ids("<|endofspan|>"),
+    )
+    return _save(DiffillForInfilling(config), tokenizer, directory)
+
+
+def build_diffusion_gemma(directory: Path, seed: int = 0, canvas_length: int = 16) -> Path:
+    """A tiny DiffusionGemma (text MoE plus a minimal vision tower, which the class always builds)."""
+    from transformers import (
+        DiffusionGemmaConfig,
+        DiffusionGemmaForBlockDiffusion,
+        DiffusionGemmaTextConfig,
+        Gemma4VisionConfig,
+    )
+
+    tokenizer = build_tokenizer({"pad": "<pad>", "eos": "<eos>", "bos": "<bos>"})
+    ids = {name: tokenizer.convert_tokens_to_ids(name) for name in ("<pad>", "<eos>", "<bos>")}
+    text = DiffusionGemmaTextConfig(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=16, global_head_dim=16, num_experts=4,
+        top_k_experts=2, moe_intermediate_size=16, sliding_window=64,
+        layer_types=["sliding_attention", "full_attention"], max_position_embeddings=1024,
+        pad_token_id=ids["<pad>"], eos_token_id=ids["<eos>"], bos_token_id=ids["<bos>"],
+    )
+    vision = Gemma4VisionConfig(hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=1,
+                                num_key_value_heads=1, head_dim=8, position_embedding_size=16)
+    torch.manual_seed(seed)
+    model = DiffusionGemmaForBlockDiffusion(DiffusionGemmaConfig(text_config=text, vision_config=vision,
+                                                                 canvas_length=canvas_length))
+    model.generation_config.pad_token_id = ids["<pad>"]
+    model.generation_config.eos_token_id = ids["<eos>"]
+    return _save(model, tokenizer, directory)
+
+
+def build_bert(directory: Path, seed: int = 0) -> Path:
+    """A tiny encoder masked LM (BERT), the family any AutoModelForMaskedLM checkpoint goes through."""
+    from transformers import BertConfig, BertForMaskedLM
+
+    tokenizer = build_tokenizer({"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"})
+    torch.manual_seed(seed)
+    config = BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=512, pad_token_id=tokenizer.pad_token_id)
+    return _save(BertForMaskedLM(config), tokenizer, directory)
+
+
+def build_remote_code(directory: Path, family: str, seed: int = 0) -> Path:
+    """A Dream- or LLaDA-style checkpoint whose modelling code ships in the directory (auto_map)."""
+    from tests.remote_code.modeling_tiny_masked import (
+        TinyDreamConfig,
+        TinyDreamModel,
+        TinyLLaDAConfig,
+        TinyLLaDAModel,
+    )
+
+    if family == "dream":
+        tokenizer = build_tokenizer({"eos": "<|endoftext|>", "pad": "<|endoftext|>", "mask": "<|mask|>"})
+        config_class, model_class = TinyDreamConfig, TinyDreamModel
+    else:
+        tokenizer = build_tokenizer({"eos": "<|eot_id|>", "pad": "<|eot_id|>", "bos": "<|startoftext|>",
+                                     "mdm_mask": "<|mdm_mask|>"})
+        config_class, model_class = TinyLLaDAConfig, TinyLLaDAModel
+    torch.manual_seed(seed)
+    model = model_class(config_class(vocab_size=len(tokenizer)))
+    _save(model, tokenizer, directory)
+    source = Path(__file__).parent / "remote_code" / "modeling_tiny_masked.py"
+    shutil.copy(source, directory / "modeling_tiny_masked.py")
+    config_path = directory / "config.json"
+    config = json.loads(config_path.read_text())
+    config["auto_map"] = {
+        "AutoConfig": f"modeling_tiny_masked.{config_class.__name__}",
+        "AutoModel": f"modeling_tiny_masked.{model_class.__name__}",
+    }
+    config_path.write_text(json.dumps(config, indent=2))
+    return directory
