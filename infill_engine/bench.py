@@ -1,0 +1,37 @@
+"""Benchmarks: what a fill costs on this machine (`diffill bench spans`). Benchmarks measure; tests assert."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import replace
+from typing import Any
+
+from infill_engine.engine import InfillEngine, InfillRequest
+
+BENCH_PREFIX = (
+    "import json\n\n\ndef load_settings(path):\n    \"\"\"Read a JSON settings file into a dict.\"\"\"\n"
+    "    with open(path, encoding='utf-8') as handle:\n        data = json.load(handle)\n    return "
+)
+BENCH_SUFFIX = "\n\n\ndef save_settings(path, settings):\n    with open(path, 'w') as handle:\n        json.dump(settings, handle)\n"
+
+
+def bench_spans(engine: InfillEngine, spans: list[int], repeats: int = 3) -> list[dict[str, Any]]:
+    """Milliseconds per denoising step, steps and tokens per forward for canvases of each span length."""
+    rows = []
+    for span in spans:
+        engine_config = replace(engine.sampler, block_size=max(engine.sampler.block_size, span))
+        runs = []
+        for repeat in range(repeats + 1):  # the first run warms up and is not counted
+            engine.sampler = replace(engine_config, seed=repeat)
+            stats = engine.fill(InfillRequest(BENCH_PREFIX, BENCH_SUFFIX, "python", max_tokens=span, gate=False)).stats
+            if repeat:
+                runs.append(stats)
+        rows.append({
+            "span": span,
+            "ms_per_step": round(statistics.median(s.ms["denoise"] / max(s.forward_passes, 1) for s in runs), 2),
+            "ms_encode": round(statistics.median(s.ms.get("encode", 0.0) for s in runs), 2),
+            "steps": statistics.median(s.forward_passes for s in runs),
+            "tokens_per_forward": round(statistics.median(s.tokens_per_forward for s in runs), 3),
+            "ms_total": round(statistics.median(s.ms["total"] for s in runs), 1),
+        })
+    return rows

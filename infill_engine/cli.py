@@ -1,0 +1,284 @@
+"""The `diffill` command: `fill` a hole from the command line, `doctor` to see what would be used."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+MAX_FILE_BYTES = 64 * 1024 * 1024
+
+
+class UsageError(Exception):
+    """Bad input from the command line, reported as one clear line without a traceback."""
+
+
+@dataclass(frozen=True)
+class Hole:
+    """The document split at the hole."""
+
+    path: str
+    prefix: str
+    suffix: str
+
+
+def read_text(path: str) -> str:
+    """A file (or standard input for '-') as text, refusing binary and non-UTF-8 content."""
+    try:
+        data = sys.stdin.buffer.read() if path == "-" else open(path, "rb").read(MAX_FILE_BYTES + 1)
+    except FileNotFoundError:
+        raise UsageError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise UsageError(f"{path}: is a directory, not a file") from None
+    except OSError as error:
+        raise UsageError(f"{path}: cannot read ({error.strerror})") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise UsageError(f"{path}: larger than {MAX_FILE_BYTES // (1024 * 1024)} MiB; refusing to read it")
+    if b"\x00" in data:
+        raise UsageError(f"{path}: looks binary (contains NUL bytes); diffill fills text files")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise UsageError(f"{path}: not UTF-8 text (byte {error.start} is invalid); diffill reads UTF-8 files") from None
+
+
+def split_at_position(text: str, line: int, column: int, path: str) -> tuple[str, str]:
+    """Split text at a 1-based line and a 1-based column counted in characters."""
+    lines = text.split("\n")
+    if line < 1 or line > len(lines):
+        raise UsageError(f"{path}: line {line} is outside the file (it has lines 1 to {len(lines)})")
+    width = len(lines[line - 1].rstrip("\r"))
+    if column < 1 or column > width + 1:
+        raise UsageError(f"{path}:{line}: column {column} is outside the line (columns 1 to {width + 1})")
+    offset = sum(len(previous) + 1 for previous in lines[: line - 1]) + column - 1
+    return text[:offset], text[offset:]
+
+
+def parse_target(target: str, hole_marker: str | None) -> Hole:
+    """FILE:LINE:COL, or FILE with --hole MARKER; '-' reads standard input."""
+    path, line, column = target, None, None
+    parts = target.rsplit(":", 2)
+    if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit():
+        path, line, column = parts[0], int(parts[1]), int(parts[2])
+    if line is None and hole_marker is None:
+        raise UsageError(f"{target}: say where the hole is: FILE:LINE:COL (1-based), or FILE --hole MARKER")
+    if line is not None and hole_marker is not None:
+        raise UsageError("give either FILE:LINE:COL or --hole MARKER, not both")
+    text = read_text(path)
+    if hole_marker is not None:
+        if not hole_marker:
+            raise UsageError("--hole MARKER must not be empty")
+        index = text.find(hole_marker)
+        if index == -1:
+            raise UsageError(f"{path}: the marker {hole_marker!r} does not occur in the file")
+        return Hole(path, text[:index], text[index + len(hole_marker) :])
+    prefix, suffix = split_at_position(text, line, column, path)
+    return Hole(path, prefix, suffix)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every subcommand."""
+    from infill_engine.loading import FAMILIES
+    from infill_engine.sampler import COMMIT_RULES, ORDERS
+
+    parser = argparse.ArgumentParser(prog="diffill", description="Code infilling with a diffusion language model.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log what happens to standard error")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    def model_options(command: argparse.ArgumentParser) -> None:
+        command.add_argument("--model", metavar="PATH", help="model directory (default: the embedded model)")
+        command.add_argument("--family", choices=FAMILIES, help="override the family read from config.json")
+        command.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (default: auto)")
+        command.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16 (default: auto)")
+        command.add_argument(
+            "--trust-remote-code", action="store_true", help="allow a checkpoint's own modelling code (off by default)"
+        )
+
+    fill = commands.add_parser("fill", help="fill the hole at a position or marker and print the fill")
+    fill.add_argument("target", help="FILE:LINE:COL (1-based), or FILE with --hole; '-' reads standard input")
+    fill.add_argument("--hole", metavar="MARKER", help="fill where this marker string stands (it is removed)")
+    model_options(fill)
+    fill.add_argument("--max-tokens", type=int, default=64, help="span positions on the canvas (default: 64)")
+    fill.add_argument("--candidates", type=int, default=1, help="canvases denoised in one batch (default: 1)")
+    fill.add_argument("--steps", type=int, help="denoising steps per block (default: the family's)")
+    fill.add_argument("--block-size", type=int, help="positions per block (default: the family's)")
+    fill.add_argument("--commit", choices=COMMIT_RULES, help="commit rule (default: the family's)")
+    fill.add_argument("--order", choices=ORDERS, help="unmasking order (default: confidence)")
+    fill.add_argument("--threshold", type=float, help="confidence a position needs with --commit threshold")
+    fill.add_argument("--temperature", type=float, help="sampling temperature (0 = greedy)")
+    fill.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    fill.add_argument("--language", help="language or file name for the syntax gate (default: from FILE)")
+    fill.add_argument("--no-gate", action="store_true", help="show the raw candidates without the syntax gate")
+    fill.add_argument("--json", action="store_true", help="print JSON: text, candidates, steps, timings")
+
+    doctor = commands.add_parser("doctor", help="show the device, dtype, model, tokenizer and grammars in use")
+    model_options(doctor)
+    doctor.add_argument("--json", action="store_true", help="print JSON")
+
+    bench = commands.add_parser("bench", help="measure what fills cost on this machine")
+    bench_kinds = bench.add_subparsers(dest="bench", required=True)
+    spans = bench_kinds.add_parser("spans", help="ms per denoising step and tokens per forward by span length")
+    model_options(spans)
+    spans.add_argument("--spans", type=int, nargs="+", default=[16, 64, 256], help="span lengths (default: 16 64 256)")
+    spans.add_argument("--repeats", type=int, default=3, help="measured runs per span (default: 3)")
+    spans.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    spans.add_argument("--json", action="store_true", help="print JSON")
+    return parser
+
+
+def sampler_from_args(args: argparse.Namespace, base: Any) -> Any:
+    """The family's default sampler with the command line's overrides."""
+    from dataclasses import replace
+
+    overrides: dict[str, Any] = {"seed": args.seed}
+    for name, field_name in (("steps", "steps"), ("block_size", "block_size"), ("commit", "commit"),
+                             ("order", "order"), ("threshold", "threshold")):
+        if getattr(args, name) is not None:
+            overrides[field_name] = getattr(args, name)
+    if args.temperature is not None:
+        overrides["temperature_start"] = overrides["temperature_end"] = args.temperature
+    try:
+        return replace(base, **overrides)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+
+
+def run_fill(args: argparse.Namespace) -> int:
+    """`diffill fill`: print the best fill, all candidates with --no-gate, or JSON."""
+    from infill_engine.engine import InfillEngine, InfillRequest
+    from infill_engine.loading import ModelLoadError
+    from infill_engine.syntax import language_for
+
+    hole = parse_target(args.target, args.hole)
+    language = args.language or (None if hole.path == "-" else hole.path)
+    if args.language and language_for(args.language) is None:
+        logging.getLogger(__name__).warning("unknown language %r: only brackets are checked", args.language)
+    try:
+        engine = InfillEngine.load(
+            args.model, family=args.family, device=args.device, dtype=args.dtype,
+            trust_remote_code=args.trust_remote_code,
+        )
+    except (ModelLoadError, ValueError) as error:
+        raise UsageError(str(error)) from None
+    engine.sampler = sampler_from_args(args, engine.sampler)
+    request = InfillRequest(
+        prefix=hole.prefix, suffix=hole.suffix, language=language, max_tokens=args.max_tokens,
+        candidates=args.candidates, gate=not args.no_gate,
+    )
+    try:
+        result = engine.fill(request)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    if args.json:
+        print(json.dumps(result_as_json(result), indent=2, ensure_ascii=False))
+    elif args.no_gate:
+        for index, candidate in enumerate(result.candidates + result.rejected):
+            print(f"--- candidate {index + 1} (score {candidate.score:.3f})")
+            print(candidate.text)
+    elif result.text is None:
+        print("diffill: no candidate passed the syntax gate (see them with --no-gate)", file=sys.stderr)
+        return 1
+    else:
+        sys.stdout.write(result.text + ("" if result.text.endswith("\n") else "\n"))
+    return 0
+
+
+def result_as_json(result: Any) -> dict[str, Any]:
+    """The JSON form of an InfillResult."""
+
+    def candidate_json(candidate: Any) -> dict[str, Any]:
+        gate = candidate.gate
+        return {
+            "text": candidate.text,
+            "score": round(candidate.score, 4),
+            "passed": candidate.passed,
+            "repairs": candidate.repairs,
+            "checker": None if gate is None else gate.checker,
+            "problems": [] if gate is None else [
+                {"start": p.start, "end": p.end, "kind": p.kind, "message": p.message} for p in gate.new_problems
+            ],
+        }
+
+    stats = result.stats.as_dict()
+    return {
+        "text": result.text,
+        "candidates": [candidate_json(c) for c in result.candidates],
+        "rejected": [candidate_json(c) for c in result.rejected],
+        "steps": stats["forward_passes"],
+        "tokens_per_forward": stats["tokens_per_forward"],
+        "ms": stats["ms"],
+        "stats": stats,
+    }
+
+
+def run_doctor(args: argparse.Namespace) -> int:
+    """`diffill doctor`: report the device, dtype, model, tokenizer and grammars, and whether each loads."""
+    from infill_engine.doctor import diagnose
+
+    report = diagnose(args.model, args.family, args.device, args.dtype, args.trust_remote_code)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        for section, values in report.items():
+            print(f"{section}:")
+            for key, value in values.items():
+                print(f"  {key}: {value}")
+    healthy = all(values.get("ok", True) for values in report.values())
+    return 0 if healthy else 1
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    """`diffill bench spans`: a table of per-step cost by span length."""
+    import torch
+
+    from infill_engine.bench import bench_spans
+    from infill_engine.engine import InfillEngine
+    from infill_engine.loading import ModelLoadError
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        engine = InfillEngine.load(args.model, family=args.family, device=args.device, dtype=args.dtype,
+                                   trust_remote_code=args.trust_remote_code)
+    except (ModelLoadError, ValueError) as error:
+        raise UsageError(str(error)) from None
+    rows = bench_spans(engine, args.spans, args.repeats)
+    if args.json:
+        print(json.dumps({"model": engine.denoiser.path, "family": engine.denoiser.family, "rows": rows}, indent=2))
+        return 0
+    print(f"model: {engine.denoiser.path} ({engine.denoiser.family}, {engine.denoiser.device}, threads "
+          f"{torch.get_num_threads()})")
+    print(f"{'span':>6} {'ms/step':>9} {'encode ms':>10} {'steps':>6} {'tok/fwd':>8} {'total ms':>9}")
+    for row in rows:
+        print(f"{row['span']:>6} {row['ms_per_step']:>9} {row['ms_encode']:>10} {row['steps']:>6} "
+              f"{row['tokens_per_forward']:>8} {row['ms_total']:>9}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `diffill` console command."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr)
+    if not args.verbose:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+    try:
+        if args.command == "fill":
+            return run_fill(args)
+        if args.command == "bench":
+            return run_bench(args)
+        return run_doctor(args)
+    except UsageError as error:
+        print(f"diffill: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

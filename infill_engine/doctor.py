@@ -1,0 +1,69 @@
+"""What diffill would use on this machine, and whether each part loads (`diffill doctor`)."""
+
+from __future__ import annotations
+
+import platform
+from typing import Any
+
+
+def diagnose(
+    model: str | None, family: str | None, device: str, dtype: str, trust_remote_code: bool
+) -> dict[str, dict[str, Any]]:
+    """A report per part: runtime, device, model, tokenizer, grammars; each with `ok`."""
+    import torch
+    import transformers
+
+    from infill_engine import syntax
+    from infill_engine.device import choose_device, choose_dtype
+    from infill_engine.loading import ModelLoadError, default_model_path, inspect_model, load_denoiser
+
+    report: dict[str, dict[str, Any]] = {
+        "runtime": {
+            "ok": True,
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "cuda available": torch.cuda.is_available(),
+            "threads": torch.get_num_threads(),
+        }
+    }
+    try:
+        torch_device = choose_device(device)
+        report["device"] = {"ok": True, "device": str(torch_device), "dtype": str(choose_dtype(torch_device, dtype))}
+    except ValueError as error:
+        report["device"] = {"ok": False, "error": str(error)}
+        device = "cpu"
+
+    path = model or default_model_path()
+    report["model"] = {"ok": False, "path": str(path) if path else "(none: no --model and no embedded model)"}
+    if path is not None:
+        try:
+            info = inspect_model(path, family)
+            report["model"].update(family=info.family, model_type=info.model_type,
+                                   needs_remote_code=info.needs_remote_code)
+            denoiser = load_denoiser(path, family=family, device=device, dtype=dtype,
+                                     trust_remote_code=trust_remote_code)
+            special = denoiser.special
+            report["model"].update(
+                ok=True, parameters=sum(p.numel() for p in denoiser.model.parameters()), noise=denoiser.noise,
+                loaded_on=str(denoiser.device), dtype=str(denoiser.dtype),
+            )
+            report["tokenizer"] = {
+                "ok": True,
+                "class": type(denoiser.tokenizer).__name__,
+                "size": len(denoiser.tokenizer),
+                "mask id": special.mask_id,
+                "end-of-span ids": list(special.end_of_span_ids),
+                "pad id": special.pad_id,
+            }
+        except ModelLoadError as error:
+            report["model"]["error"] = str(error)
+    grammars: dict[str, Any] = {"ok": True}
+    for language in syntax.SUPPORTED_LANGUAGES:
+        try:
+            grammars[language] = syntax.check_fill("x = 1\n", 0, 0, "", language).checker
+        except Exception as error:  # noqa: BLE001 - the report names any failure
+            grammars[language] = f"fails: {error}"
+            grammars["ok"] = False
+    report["grammars"] = grammars
+    return report

@@ -1,0 +1,95 @@
+"""The engine end to end: canvas, loop, end-of-span, syntax gate, repair, ranking and counters."""
+
+from __future__ import annotations
+
+import pytest
+
+from infill_engine.engine import InfillEngine, InfillRequest
+from infill_engine.sampler import SamplerConfig
+from tests.scripted import ScriptedDenoiser
+
+SURE = SamplerConfig(steps=16, block_size=32)
+
+
+def engine_with(tokenizer, scripts, **kwargs) -> InfillEngine:
+    return InfillEngine(ScriptedDenoiser(tokenizer, scripts, **kwargs), sampler=SURE)
+
+
+def test_fill_ends_where_the_model_writes_end_of_span(tokenizer):
+    engine = engine_with(tokenizer, ["a + b"])
+    result = engine.fill(InfillRequest("def add(a, b):\n    return ", "\n", language="python", max_tokens=32))
+    assert result.text == "a + b"
+    assert result.stats.tokens_generated == len(tokenizer("a + b", add_special_tokens=False)["input_ids"])
+
+
+def test_gate_rejects_a_candidate_that_unbalances_brackets(tokenizer):
+    engine = engine_with(tokenizer, ["x))", "x"])
+    request = InfillRequest("print(foo(", "))\n", language="python", max_tokens=8, candidates=2)
+    result = engine.fill(request)
+    assert [c.text for c in result.candidates] == ["x"]
+    assert [c.text for c in result.rejected] == ["x))"]
+    assert result.rejected[0].gate.new_problems
+
+
+def test_with_the_gate_off_raw_candidates_are_returned(tokenizer):
+    engine = engine_with(tokenizer, ["x))", "x"])
+    request = InfillRequest("print(foo(", "))\n", language="python", max_tokens=8, candidates=2, gate=False)
+    result = engine.fill(request)
+    assert sorted(c.text for c in result.candidates) == ["x", "x))"]
+    assert not result.rejected
+
+
+def test_repair_renoises_the_broken_region_and_keeps_a_fixed_candidate(tokenizer):
+    denoiser = ScriptedDenoiser(tokenizer, ["foo(x"], later_scripts=["foo(x)"])
+    engine = InfillEngine(denoiser, sampler=SURE)
+    result = engine.fill(InfillRequest("y = ", "\nprint(y)\n", language="python", max_tokens=8))
+    assert result.text == "foo(x)"
+    assert result.candidates[0].repairs == 1
+    assert result.stats.repairs == 1
+    assert result.candidates[0].gate.ok
+
+
+def test_a_candidate_that_cannot_be_repaired_is_dropped(tokenizer):
+    engine = engine_with(tokenizer, ["x))"])
+    result = engine.fill(InfillRequest("print(foo(", "))\n", language="python", max_tokens=8))
+    assert result.text is None
+    assert result.rejected[0].repairs == engine.repair_rounds
+
+
+def test_unknown_language_falls_back_to_the_bracket_check(tokenizer):
+    engine = engine_with(tokenizer, ["x))", "x"])
+    result = engine.fill(InfillRequest("call(", ")\n", language="cobol", max_tokens=8, candidates=2))
+    assert [c.text for c in result.candidates] == ["x"]
+    assert result.rejected[0].gate.checker == "lexical"
+
+
+def test_counters_and_timings_are_reported(tokenizer):
+    engine = engine_with(tokenizer, ["return a + b"])
+    stats = engine.fill(InfillRequest("def f(a, b):\n    ", "\n", language="python", max_tokens=16)).stats
+    assert stats.forward_passes >= 1
+    assert stats.tokens_per_forward == pytest.approx(stats.tokens_generated / stats.forward_passes)
+    assert {"total", "tokenize", "encode", "denoise", "gate"} <= set(stats.ms)
+
+
+def test_empty_document_still_fills(tokenizer):
+    result = engine_with(tokenizer, ["x = 1"]).fill(InfillRequest("", "", language="python", max_tokens=8))
+    assert result.text == "x = 1"
+
+
+@pytest.mark.parametrize(
+    "request_args, message",
+    [({"max_tokens": 0}, "max_tokens must be an integer from 1"),
+     ({"candidates": 99}, "candidates must be an integer from 1"),
+     ({"max_tokens": 5000}, "max_tokens must be an integer from 1")],
+)
+def test_bad_requests_say_what_is_allowed(tokenizer, request_args, message):
+    with pytest.raises(ValueError, match=message):
+        engine_with(tokenizer, ["x"]).fill(InfillRequest("a", "b", **request_args))
+
+
+def test_real_tiny_model_fills_a_five_megabyte_document(model_dirs):
+    engine = InfillEngine.load(model_dirs["diffill"])
+    body = "def f(x):\n    return x + 1\n\n" * 190_000  # about 5 MB
+    result = engine.fill(InfillRequest(body + "y = ", "\n" + body, language="python", max_tokens=8, gate=True))
+    assert result.stats.forward_passes >= 1
+    assert len(result.candidates) + len(result.rejected) == 1
