@@ -117,6 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
     doctor = commands.add_parser("doctor", help="show the device, dtype, model, tokenizer and grammars in use")
     model_options(doctor)
     doctor.add_argument("--json", action="store_true", help="print JSON")
+    from infill_engine.training.cli import add_train_parser
+
+    add_train_parser(commands)
 
     bench = commands.add_parser("bench", help="measure what fills cost on this machine")
     bench_kinds = bench.add_subparsers(dest="bench", required=True)
@@ -126,6 +129,19 @@ def build_parser() -> argparse.ArgumentParser:
     spans.add_argument("--repeats", type=int, default=3, help="measured runs per span (default: 3)")
     spans.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     spans.add_argument("--json", action="store_true", help="print JSON")
+
+    evaluation = commands.add_parser("eval", help="score a model on an infilling benchmark")
+    suites = evaluation.add_subparsers(dest="suite", required=True)
+    humaneval = suites.add_parser("humaneval-infill", help="HumanEval single-line infilling: pass@1 and more")
+    model_options(humaneval)
+    humaneval.add_argument("--data", help="JSONL(.gz) in the HumanEval-infilling format (default: ../shared/bench)")
+    humaneval.add_argument("--limit", type=int, help="only the first N problems")
+    humaneval.add_argument("--protocol", choices=["both", "unknown", "oracle"], default="both",
+                           help="span length unknown (the engine decides), oracle (the true length), or both")
+    humaneval.add_argument("--max-tokens", type=int, default=48, help="canvas positions, unknown length (default 48)")
+    humaneval.add_argument("--workers", type=int, default=2, help="parallel test subprocesses (default: 2)")
+    humaneval.add_argument("--out", help="also write every completion and verdict to this JSON file")
+    humaneval.add_argument("--json", action="store_true", help="print JSON")
     return parser
 
 
@@ -258,6 +274,45 @@ def run_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_eval(args: argparse.Namespace) -> int:
+    """`diffill eval humaneval-infill`: the score table of both protocols."""
+    from dataclasses import asdict
+
+    from infill_engine.engine import InfillEngine
+    from infill_engine.evaluation import DEFAULT_BENCH, PROTOCOLS, evaluate, load_problems
+    from infill_engine.loading import ModelLoadError
+
+    try:
+        problems = load_problems(args.data or DEFAULT_BENCH, args.limit)
+        engine = InfillEngine.load(args.model, family=args.family, device=args.device, dtype=args.dtype,
+                                   trust_remote_code=args.trust_remote_code)
+    except (ModelLoadError, ValueError) as error:
+        raise UsageError(str(error)) from None
+    protocols = PROTOCOLS if args.protocol == "both" else (args.protocol,)
+
+    def progress(protocol: str, done: int, total: int) -> None:
+        if sys.stderr.isatty() or done == total or done % 100 == 0:
+            print(f"\r{protocol}: {done}/{total}", end="\n" if done == total else "", file=sys.stderr, flush=True)
+
+    reports = evaluate(engine, problems, protocols, max_tokens=args.max_tokens, workers=args.workers,
+                       progress=progress)
+    summaries = [report.summary() for report in reports]
+    if args.out:
+        details = {r.protocol: [asdict(o) for o in r.outcomes] for r in reports}
+        from infill_engine.atomic import write_text_atomic
+
+        write_text_atomic(args.out, json.dumps({"summary": summaries, "outcomes": details}, indent=1))
+    if args.json:
+        print(json.dumps({"model": engine.denoiser.path, "summary": summaries}, indent=2))
+        return 0
+    print(f"model: {engine.denoiser.path} ({engine.denoiser.family}); {len(problems)} problems")
+    print(f"{'protocol':<9} {'pass@1':>7} {'exact':>7} {'syntax':>7} {'tok/fwd':>8} {'ms/problem':>11}")
+    for row in summaries:
+        print(f"{row['protocol']:<9} {row['pass@1']:>7} {row['exact_match']:>7} {row['syntax_valid']:>7} "
+              f"{row['tokens_per_forward']:>8} {row['ms_per_problem']:>11}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `diffill` console command."""
     args = build_parser().parse_args(argv)
@@ -272,6 +327,12 @@ def main(argv: list[str] | None = None) -> int:
             return run_fill(args)
         if args.command == "bench":
             return run_bench(args)
+        if args.command == "eval":
+            return run_eval(args)
+        if args.command == "train":
+            from infill_engine.training.cli import run_train
+
+            return run_train(args)
         return run_doctor(args)
     except UsageError as error:
         print(f"diffill: {error}", file=sys.stderr)

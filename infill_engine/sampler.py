@@ -45,6 +45,7 @@ class SamplerConfig:
         greedy_first: with several candidates, the first is always decoded greedily (the best single guess) and
             the others are sampled at the scheduled temperature (or at 0.7 when that is 0).
         suppress_special: never write the mask, pad or other special tokens (other than end-of-span) into a span.
+        allow_end_of_span: the model may end the span early; False fills every position (a known length).
         seed: the random seed; the same seed and inputs give the same output.
     """
 
@@ -61,6 +62,7 @@ class SamplerConfig:
     temperature_end: float = 0.0
     greedy_first: bool = True
     suppress_special: bool = True
+    allow_end_of_span: bool = True
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -258,6 +260,8 @@ def denoise_block(
         stats.forward_passes += 1
         if config.suppress_special:
             raw = suppress(raw, denoiser.special.ids_never_generated)
+        if not config.allow_end_of_span:
+            raw = suppress(raw, denoiser.special.end_of_span_ids)
         logits = scale_logits(raw.float(), temps)
         probs = torch.softmax(logits, dim=-1, dtype=torch.float32)  # (B, N, V)
         drawn = draw_tokens(probs, temps, generator)

@@ -196,3 +196,10 @@ def test_same_seed_same_output_and_another_seed_differs(model_dirs, family):
     runs = [denoise_span(denoiser, prefix, suffix, 8, replace(config, seed=s)).tokens for s in (1, 1, 2)]
     assert torch.equal(runs[0], runs[1])
     assert not torch.equal(runs[0], runs[2])
+
+
+def test_known_length_fills_every_position(tokenizer):
+    denoiser = ScriptedDenoiser(tokenizer, ["ab"], margin=14.0)
+    end = denoiser.special.end_of_span_ids[0]
+    span = denoise_span(denoiser, [], [], 6, replace(GREEDY, allow_end_of_span=False))
+    assert end not in span.tokens[0].tolist()

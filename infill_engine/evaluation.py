@@ -1,0 +1,175 @@
+"""HumanEval single-line infilling: pass@1, exact match, syntax-valid rate, tokens per forward and milliseconds.
+
+Two protocols, reported side by side: `unknown` length (the engine decides where the span ends) and `oracle` length
+(the canvas has exactly as many positions as the true middle has tokens, and the span may not end early).
+Completions run in a subprocess with a timeout and resource limits, as the benchmark's authors prescribe.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from infill_engine import syntax
+from infill_engine.engine import InfillEngine, InfillRequest
+
+PROTOCOLS = ("unknown", "oracle")
+DEFAULT_BENCH = Path(__file__).resolve().parents[1].parent / "shared" / "bench" / "humaneval-singleline-infilling.jsonl.gz"
+TEST_TIMEOUT_S = 10.0
+TEST_MEMORY_BYTES = 1 << 30
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One infilling problem: the prompt (prefix), the hidden middle, the suffix and its test."""
+
+    task_id: str
+    prompt: str
+    suffix: str
+    canonical_solution: str
+    test: str
+    entry_point: str
+
+
+@dataclass
+class Outcome:
+    """What the engine wrote for one problem and how it scored."""
+
+    task_id: str
+    completion: str
+    passed: bool = False
+    exact: bool = False
+    syntax_ok: bool = False
+    tokens_per_forward: float = 0.0
+    ms: float = 0.0
+
+
+@dataclass
+class Report:
+    """Scores of one protocol over the problems."""
+
+    protocol: str
+    outcomes: list[Outcome] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        """Percentages and means."""
+        count = max(len(self.outcomes), 1)
+        return {
+            "protocol": self.protocol,
+            "problems": len(self.outcomes),
+            "pass@1": round(100 * sum(o.passed for o in self.outcomes) / count, 2),
+            "exact_match": round(100 * sum(o.exact for o in self.outcomes) / count, 2),
+            "syntax_valid": round(100 * sum(o.syntax_ok for o in self.outcomes) / count, 2),
+            "tokens_per_forward": round(statistics.mean(o.tokens_per_forward for o in self.outcomes), 3)
+            if self.outcomes else 0.0,
+            "ms_per_problem": round(statistics.mean(o.ms for o in self.outcomes), 1) if self.outcomes else 0.0,
+        }
+
+
+def load_problems(path: str | os.PathLike[str], limit: int | None = None) -> list[Problem]:
+    """Read a HumanEval-infilling JSONL file (gzip or plain)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"benchmark file {str(path)!r} does not exist; pass --data PATH")
+    opener = gzip.open if path.suffix == ".gz" else open
+    problems = []
+    with opener(path, "rt", encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                problems.append(Problem(**{k: row[k] for k in Problem.__dataclass_fields__}))
+            except (json.JSONDecodeError, KeyError, TypeError) as error:
+                raise ValueError(f"{path}:{number}: not a HumanEval-infilling problem ({error})") from error
+            if limit is not None and len(problems) >= limit:
+                break
+    return problems
+
+
+# Put first in the test program: the child caps its own memory and CPU time (no preexec_fn, which is unsafe when
+# tests run from several threads).
+SANDBOX_PRELUDE = (
+    "import resource\n"
+    f"resource.setrlimit(resource.RLIMIT_AS, ({TEST_MEMORY_BYTES}, {TEST_MEMORY_BYTES}))\n"
+    f"resource.setrlimit(resource.RLIMIT_CPU, ({int(TEST_TIMEOUT_S)}, {int(TEST_TIMEOUT_S) + 1}))\n"
+)
+
+
+def run_test(problem: Problem, completion: str) -> bool:
+    """True when prompt + completion + suffix passes the problem's check() in a sandboxed subprocess."""
+    program = (
+        f"{SANDBOX_PRELUDE}{problem.prompt}{completion}{problem.suffix}\n{problem.test}\ncheck({problem.entry_point})\n"
+    )
+    with tempfile.TemporaryDirectory() as directory:
+        try:
+            completed = subprocess.run(
+                [sys.executable, "-I", "-c", program], cwd=directory, capture_output=True,
+                timeout=TEST_TIMEOUT_S, stdin=subprocess.DEVNULL,
+            )
+        except subprocess.TimeoutExpired:
+            return False
+    return completed.returncode == 0
+
+
+def oracle_length(engine: InfillEngine, problem: Problem) -> int:
+    """Token count of the true middle, tokenized as the model sees a span."""
+    ids = engine.denoiser.tokenizer(problem.canonical_solution, add_special_tokens=False)["input_ids"]
+    return max(len(ids), 1)
+
+
+def evaluate(
+    engine: InfillEngine,
+    problems: list[Problem],
+    protocols: tuple[str, ...] = PROTOCOLS,
+    max_tokens: int = 48,
+    workers: int = 2,
+    progress: Any = None,
+) -> list[Report]:
+    """Fill every problem under each protocol, then run the tests in parallel subprocesses."""
+    reports = []
+    base = engine.sampler
+    for protocol in protocols:
+        report = Report(protocol)
+        for problem in problems:
+            exact_length = protocol == "oracle"
+            engine.sampler = replace(base, allow_end_of_span=not exact_length)
+            length = oracle_length(engine, problem) if exact_length else max_tokens
+            result = engine.fill(InfillRequest(problem.prompt, problem.suffix, "python", max_tokens=length))
+            best = result.candidates[0] if result.candidates else (result.rejected[0] if result.rejected else None)
+            completion = best.text if best is not None else ""
+            report.outcomes.append(Outcome(
+                task_id=problem.task_id,
+                completion=completion,
+                exact=completion.strip() == problem.canonical_solution.strip(),
+                syntax_ok=best is not None and best.passed,
+                tokens_per_forward=result.stats.tokens_per_forward,
+                ms=result.stats.ms.get("total", 0.0),
+            ))
+            if progress is not None:
+                progress(protocol, len(report.outcomes), len(problems))
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            verdicts = pool.map(lambda pair: run_test(*pair), zip(problems, (o.completion for o in report.outcomes)))
+            for outcome, passed in zip(report.outcomes, verdicts):
+                outcome.passed = passed
+        reports.append(report)
+    engine.sampler = base
+    return reports
+
+
+def syntax_rate_of_reference(problems: list[Problem]) -> float:
+    """Share of canonical solutions the gate accepts (a sanity check of the gate on this data)."""
+    ok = sum(
+        syntax.check_fill(p.prompt + p.suffix, len(p.prompt), len(p.prompt), p.canonical_solution, "python").ok
+        for p in problems
+    )
+    return 100 * ok / max(len(problems), 1)

@@ -1,0 +1,65 @@
+"""`diffill eval humaneval-infill` on a small file in the benchmark's format (the real data stays out of tests)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+
+from infill_engine.cli import main
+from infill_engine.evaluation import Problem, load_problems, run_test
+
+PROBLEMS = [
+    {
+        "task_id": "Toy/0/L1", "entry_point": "add",
+        "prompt": "def add(a, b):\n", "canonical_solution": "    return a + b\n", "suffix": "",
+        "test": "def check(candidate):\n    assert candidate(2, 3) == 5\n",
+    },
+    {
+        "task_id": "Toy/1/L2", "entry_point": "evens",
+        "prompt": "def evens(xs):\n    out = []\n    for x in xs:\n",
+        "canonical_solution": "        if x % 2 == 0: out.append(x)\n", "suffix": "    return out\n",
+        "test": "def check(candidate):\n    assert candidate([1, 2, 4]) == [2, 4]\n",
+    },
+]
+
+
+@pytest.fixture()
+def bench_file(tmp_path):
+    path = tmp_path / "toy.jsonl.gz"
+    with gzip.open(path, "wt", encoding="utf-8") as handle:
+        for row in PROBLEMS:
+            handle.write(json.dumps(row) + "\n")
+    return path
+
+
+def test_reference_solutions_pass_and_wrong_ones_fail(bench_file):
+    problems = load_problems(bench_file)
+    assert all(run_test(p, p.canonical_solution) for p in problems)
+    assert not run_test(problems[0], "    return a - b\n")
+
+
+def test_a_test_that_exhausts_memory_fails_instead_of_hurting_the_machine():
+    hog = Problem("Toy/hog", "def f():\n", "", "    return 1\n", "x = bytearray(4 << 30)\ndef check(c):\n    pass\n", "f")
+    assert not run_test(hog, hog.canonical_solution)
+
+
+def test_eval_prints_both_protocols(capsys, bench_file, model_dirs, tmp_path):
+    out_file = tmp_path / "details.json"
+    code = main(["eval", "humaneval-infill", "--data", str(bench_file), "--model", str(model_dirs["diffill"]),
+                 "--json", "--max-tokens", "8", "--out", str(out_file)])
+    assert code == 0
+    summary = json.loads(capsys.readouterr().out)["summary"]
+    assert [row["protocol"] for row in summary] == ["unknown", "oracle"]
+    assert all(row["problems"] == 2 for row in summary)
+    details = json.loads(out_file.read_text())
+    assert len(details["outcomes"]["oracle"]) == 2
+
+
+def test_a_file_in_another_format_is_a_clear_error(capsys, tmp_path, model_dirs):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "?"}\n')
+    code = main(["eval", "humaneval-infill", "--data", str(bad), "--model", str(model_dirs["diffill"])])
+    assert code == 2
+    assert "not a HumanEval-infilling problem" in capsys.readouterr().err
