@@ -203,3 +203,27 @@ def test_known_length_fills_every_position(tokenizer):
     end = denoiser.special.end_of_span_ids[0]
     span = denoise_span(denoiser, [], [], 6, replace(GREEDY, allow_end_of_span=False))
     assert end not in span.tokens[0].tolist()
+
+
+def test_block_diffusion_appends_finished_blocks_to_the_context(model_dirs):
+    from infill_engine.engine import default_sampler_for
+
+    denoiser = load_denoiser(model_dirs["diffusion_gemma"])
+    config = replace(default_sampler_for(denoiser), block_size=8, steps=4, allow_end_of_span=False)
+    seen = []
+    stats = FillStats()
+    prefix = denoiser.tokenizer("x = ", add_special_tokens=False)["input_ids"]
+    span = denoise_span(denoiser, prefix, [], 16, config, stats=stats, on_step=lambda v: seen.append(v.canvas.shape))
+    assert span.tokens.shape == (1, 16)
+    assert stats.context_encodes == 2  # the second block's context holds the first block
+    assert set(seen) == {(1, 8)}  # each block is its own canvas
+
+
+def test_first_candidate_is_the_greedy_one(model_dirs):
+    denoiser = load_denoiser(model_dirs["diffill"])
+    config = SamplerConfig(steps=8, temperature_start=1.0, temperature_end=1.0)
+    prefix = denoiser.tokenizer("def f(x):\n    return ", add_special_tokens=False)["input_ids"]
+    greedy = denoise_span(denoiser, prefix, [], 8, replace(config, temperature_start=0.0, temperature_end=0.0))
+    batch = denoise_span(denoiser, prefix, [], 8, config, batch_size=3)
+    assert torch.equal(batch.tokens[0], greedy.tokens[0])
+    assert not torch.equal(batch.tokens[1], batch.tokens[0]) or not torch.equal(batch.tokens[2], batch.tokens[0])

@@ -22,15 +22,8 @@ class TinyDreamConfig(PreTrainedConfig):
     mask_token_id: int | None = None
 
 
-class TinyLLaDAConfig(PreTrainedConfig):
+class TinyLLaDAConfig(TinyDreamConfig):
     model_type = "llada"
-
-    vocab_size: int = 64
-    hidden_size: int = 32
-    num_hidden_layers: int = 2
-    num_attention_heads: int = 2
-    max_position_embeddings: int = 512
-    mask_token_id: int | None = None
 
 
 class _TinyBidirectionalLM(PreTrainedModel):
