@@ -1,0 +1,73 @@
+"""`diffill train`: train the embedded model, resuming the run directory's last checkpoint by default."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+from infill_engine.training.train import PRESETS, TrainConfig
+
+
+def add_train_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Add the `train` subcommand and its options."""
+    train = subparsers.add_parser(
+        "train", help="train the embedded model on source files (resumes the run directory's last checkpoint)"
+    )
+    train.add_argument("--run-dir", default="runs/default", type=Path,
+                       help="where the corpus, tokenizer, checkpoints and loss log go (default: runs/default)")
+    train.add_argument("--source", action="append", default=[], metavar="DIR",
+                       help="a directory of source files to train on (repeatable)")
+    train.add_argument("--no-stdlib", action="store_true",
+                       help="leave out the Python standard library (default: it is included)")
+    train.add_argument("--bench", metavar="PATH",
+                       help="evaluation data the corpus must not overlap (default: the shared HumanEval file)")
+    train.add_argument("--preset", choices=tuple(PRESETS), default="small",
+                       help="model size and batch shape: tiny (tests), small (CPU), base (GPU) (default: small)")
+    train.add_argument("--steps", type=int, help="length of the schedule in optimizer steps (default: the preset's)")
+    train.add_argument("--batch-size", type=int, help="sequences per step (default: the preset's)")
+    train.add_argument("--seq-len", type=int, help="tokens per sequence: prefix, span and suffix (default: preset)")
+    train.add_argument("--lr", type=float, help="peak learning rate (default: the preset's)")
+    train.add_argument("--vocab-size", type=int, help="tokenizer size for a new run (default: the preset's)")
+    train.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: auto)")
+    train.add_argument("--seed", type=int, default=0, help="random seed of weights and data (default: 0)")
+    train.add_argument("--resume", action=argparse.BooleanOptionalAction, default=None,
+                       help="continue from the last checkpoint (default: when the run directory has one)")
+    train.add_argument("--checkpoint-every", type=int, default=200, metavar="STEPS",
+                       help="steps between checkpoints (default: 200)")
+    train.add_argument("--eval-every", type=int, default=100, metavar="STEPS",
+                       help="steps between evaluations on held-out files (default: 100)")
+    train.add_argument("--time-limit", type=float, metavar="MINUTES",
+                       help="stop with a checkpoint after this many minutes (default: none)")
+
+
+def run_train(args: argparse.Namespace) -> int:
+    """Run `diffill train`; 0 when it finished or stopped at its limit, 130 when stopped by a signal."""
+    from infill_engine.cli import UsageError
+    from infill_engine.training.train import train
+
+    # Training reports its progress: show this package's INFO lines even without --verbose.
+    logging.getLogger("infill_engine.training").setLevel(logging.INFO)
+    try:
+        config = TrainConfig(
+            run_dir=args.run_dir,
+            sources=tuple(args.source),
+            use_stdlib=not args.no_stdlib,
+            bench_path=args.bench,
+            preset=args.preset,
+            steps=args.steps,
+            batch_size=args.batch_size,
+            seq_len=args.seq_len,
+            lr=args.lr,
+            vocab_size=args.vocab_size,
+            device=args.device,
+            seed=args.seed,
+            resume=args.resume,
+            checkpoint_every=args.checkpoint_every,
+            eval_every=args.eval_every,
+            time_limit_minutes=args.time_limit,
+        )
+        result = train(config)
+    except (ValueError, FileNotFoundError) as error:
+        raise UsageError(str(error)) from None
+    return 130 if result.stopped_by == "signal" else 0

@@ -1,0 +1,299 @@
+"""The infilling objective: cut a hole in a document, lay it out as serving does, and corrupt the span.
+
+    document -> (prefix, middle, suffix) text -> trim_context + layout_canvas (the serving functions)
+             -> span targets: middle ids, then end-of-span up to the span length
+             -> span inputs: MDLM masking at rate t (weight 1/t) plus a few random-token replacements
+
+The sequence given to `DiffillForInfilling.forward` is prefix | span | suffix with positions 0..T-1, which are the
+positions serving uses (prefix 0..P-1, canvas P..P+N-1, suffix P+N..). Every span position carries a label:
+
+- masked positions are the masked-diffusion loss, weighted 1/t so that the loss is the MDLM bound;
+- replaced positions (a wrong token where the right one was) teach the model to correct committed tokens;
+- kept positions teach it to keep correct tokens (the sampler revises committed tokens whose confidence falls).
+
+All randomness comes from the `random.Random` passed in, so a training run's data stream is one resumable state.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from infill_engine.canvas import Canvas, ContextConfig, layout_canvas, trim_context
+from infill_engine.diffill_model.modeling_diffill import IGNORE_INDEX
+from infill_engine.special_tokens import resolve_special_tokens
+
+HOLE_KINDS = ("line", "rest_of_line", "block", "tokens")
+
+
+@dataclass(frozen=True)
+class ObjectiveConfig:
+    """How holes are cut and spans corrupted; probabilities are per example unless said otherwise."""
+
+    seq_len: int = 256  # longest prefix + span + suffix, in tokens
+    max_span_tokens: int = 64  # longest span (serving's default max_tokens)
+    max_extra_positions: int = 32  # span positions after the middle, drawn from 0..this, filled with end-of-span
+    full_span_prob: float = 0.25  # otherwise: the span is max_span_tokens long, as serving's default request
+    line_prob: float = 0.5  # a whole line, or the rest of a line from a column (half each)
+    block_prob: float = 0.3  # several consecutive lines, stopping where the indentation falls below the first's
+    max_block_lines: int = 12  # most lines in a block hole
+    # the rest (1 - line_prob - block_prob): a random run of 1..max_span_tokens tokens
+    whole_line_newline_prob: float = 0.75  # a whole-line middle includes its line end (else the suffix starts with it)
+    min_mask_rate: float = 1e-3  # eps of t ~ U(eps, 1); the weight 1/t is at most 1/eps
+    replace_prob: float = 0.1  # share of unmasked span positions given a random ordinary token
+    suffix_share_max: float = 0.5  # the suffix budget is U(0, this) of the context room
+    short_context_prob: float = 0.2  # otherwise the prefix gets the whole rest of the room
+    window_chars: int = 4096  # text looked at around the hole's start when cutting a token-run hole
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.max_span_tokens < self.seq_len:
+            raise ValueError(
+                f"max_span_tokens must be at least 1 and below seq_len {self.seq_len} (got {self.max_span_tokens})"
+            )
+        if self.max_extra_positions < 0:
+            raise ValueError(f"max_extra_positions must be >= 0 (got {self.max_extra_positions})")
+        if not 0 < self.min_mask_rate < 1:
+            raise ValueError(f"min_mask_rate must be in (0, 1) (got {self.min_mask_rate})")
+        for name in ("full_span_prob", "line_prob", "block_prob", "replace_prob", "whole_line_newline_prob",
+                     "suffix_share_max", "short_context_prob"):
+            value = getattr(self, name)
+            if not 0 <= value <= 1:
+                raise ValueError(f"{name} must be a probability in [0, 1] (got {value})")
+        if self.line_prob + self.block_prob > 1:
+            raise ValueError("line_prob + block_prob must be at most 1 (the rest is token-run holes)")
+
+
+@dataclass(frozen=True)
+class SpanTokens:
+    """The token ids the objective writes, read from the tokenizer (never literals)."""
+
+    mask_id: int
+    end_of_span_id: int
+    pad_id: int
+    ordinary_ids: tuple[int, ...]  # what a random replacement may be: every id that is not special
+
+
+@dataclass(frozen=True)
+class Hole:
+    """A document cut in three: the model sees prefix and suffix and must write the middle."""
+
+    prefix: str
+    middle: str
+    suffix: str
+    kind: str  # one of HOLE_KINDS
+
+
+@dataclass(frozen=True)
+class TrainingExample:
+    """One training sequence: prefix | corrupted span | suffix, with span labels and loss weights."""
+
+    input_ids: list[int]  # (T,)
+    labels: list[int]  # (T,) target ids on the span, IGNORE_INDEX on prefix and suffix
+    loss_weights: list[float]  # (T,) 1/t at masked positions, 1 at other span positions, 0 outside the span
+    canvas: Canvas  # where the span sits (from layout_canvas)
+    middle_length: int  # span positions holding the middle; the rest hold end-of-span targets
+    mask_rate: float  # t
+    context: ContextConfig  # the budgets trim_context was called with
+    hole: Hole
+
+    @property
+    def canvas_mask(self) -> list[bool]:
+        """True at span positions."""
+        start, end = self.canvas.span_start, self.canvas.suffix_start
+        return [start <= i < end for i in range(len(self.input_ids))]
+
+
+def span_tokens(tokenizer: Any) -> SpanTokens:
+    """Mask, end-of-span and pad ids as serving resolves them, and the ids a replacement may use."""
+    special = resolve_special_tokens(tokenizer, None)
+    if special.mask_id is None or not special.end_of_span_ids or special.pad_id is None:
+        raise ValueError("the tokenizer needs a mask token, an end-of-span token and a pad token to train with")
+    specials = set(special.ids_never_generated) | set(special.end_of_span_ids)
+    specials |= {int(i) for i in getattr(tokenizer, "all_special_ids", [])}
+    ordinary = tuple(i for i in range(len(tokenizer)) if i not in specials)
+    return SpanTokens(special.mask_id, special.end_of_span_ids[0], special.pad_id, ordinary)
+
+
+def _line_bounds(text: str, position: int) -> tuple[int, int]:
+    """Start of the line containing `position`, and the index of its line end (len(text) on the last line)."""
+    start = text.rfind("\n", 0, position) + 1
+    end = text.find("\n", position)
+    return start, len(text) if end == -1 else end
+
+
+def _indent(line: str) -> int:
+    """Width of a line's leading whitespace, in characters."""
+    return len(line) - len(line.lstrip(" \t"))
+
+
+def sample_hole(document: str, rng: random.Random, tokenizer: Any, config: ObjectiveConfig) -> Hole:
+    """Cut a hole, biased to whole lines and blocks, whose middle is 1..max_span_tokens tokens."""
+    for _ in range(16):
+        position = rng.randrange(len(document))
+        draw = rng.random()
+        if draw < config.line_prob:
+            start, end = _cut_line(document, position, rng, config)
+            kind = "line" if start == _line_bounds(document, position)[0] else "rest_of_line"
+        elif draw < config.line_prob + config.block_prob:
+            start, end, kind = *_cut_block(document, position, rng, config), "block"
+        else:
+            start, end, kind = *_cut_tokens(document, position, rng, tokenizer, config), "tokens"
+        if start < end:
+            end = _fit_middle(document, start, end, tokenizer, config, keep_lines=kind in ("line", "block"))
+            if start < end:
+                return Hole(document[:start], document[start:end], document[end:], kind)
+    # a document of blank lines only: any single character
+    start = rng.randrange(len(document))
+    return Hole(document[:start], document[start : start + 1], document[start + 1 :], "tokens")
+
+
+def _cut_line(document: str, position: int, rng: random.Random, config: ObjectiveConfig) -> tuple[int, int]:
+    """A whole line (with its line end, usually), or its rest from a column at or after the indentation."""
+    start, end = _line_bounds(document, position)
+    content_end = end - 1 if end > start and document[end - 1] == "\r" else end
+    line = document[start:content_end]
+    if rng.random() < 0.5:  # the whole line
+        with_newline = end < len(document) and rng.random() < config.whole_line_newline_prob
+        return start, end + 1 if with_newline else content_end
+    indent = _indent(line)
+    if indent >= len(line):
+        return start, start  # blank line: no rest to cut
+    column = indent if rng.random() < 0.3 else rng.randrange(indent, len(line))
+    return start + column, content_end
+
+
+def _cut_block(document: str, position: int, rng: random.Random, config: ObjectiveConfig) -> tuple[int, int]:
+    """2..max_block_lines whole lines from the line at `position`, ending before the indentation falls."""
+    start, end = _line_bounds(document, position)
+    first_indent = _indent(document[start:end])
+    wanted = rng.randint(2, max(config.max_block_lines, 2))
+    lines = 1
+    while lines < wanted and end < len(document):
+        next_start = end + 1
+        next_end = _line_bounds(document, next_start)[1]
+        line = document[next_start:next_end]
+        if line.strip() and _indent(line) < first_indent:
+            break
+        end, lines = next_end, lines + 1
+    return start, min(end + 1, len(document))
+
+
+def _cut_tokens(
+    document: str, position: int, rng: random.Random, tokenizer: Any, config: ObjectiveConfig
+) -> tuple[int, int]:
+    """A run of 1..max_span_tokens tokens starting at a token boundary near `position`."""
+    window = document[position : position + config.window_chars]
+    offsets = tokenizer(window, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    if len(offsets) < 2:
+        return position, position + len(window)
+    first = 1 if len(offsets) > 2 else 0  # the window may start inside a token: begin at the next one
+    length = rng.randint(1, min(config.max_span_tokens, len(offsets) - first))
+    return position + offsets[first][0], position + offsets[first + length - 1][1]
+
+
+def _fit_middle(
+    document: str, start: int, end: int, tokenizer: Any, config: ObjectiveConfig, keep_lines: bool
+) -> int:
+    """The end of the middle, moved back so that the middle is at most max_span_tokens tokens."""
+    middle = document[start:end]
+    encoded = tokenizer(middle, add_special_tokens=False, return_offsets_mapping=True)
+    if len(encoded["input_ids"]) <= config.max_span_tokens:
+        return end
+    cut = encoded["offset_mapping"][config.max_span_tokens - 1][1]
+    if keep_lines:
+        line_end = middle.rfind("\n", 0, cut)
+        if line_end > 0:
+            cut = line_end + 1
+    # re-tokenizing a shorter text can merge differently; shrink until it fits
+    while cut > 0 and len(tokenizer(middle[:cut], add_special_tokens=False)["input_ids"]) > config.max_span_tokens:
+        cut -= 1
+    return start + cut
+
+
+def corrupt_span(
+    targets: list[int], rng: random.Random, tokens: SpanTokens, config: ObjectiveConfig
+) -> tuple[list[int], list[float], float]:
+    """Noisy span inputs, per-position loss weights and the mask rate t: mask at rate t, replace a few of the rest."""
+    t = rng.uniform(config.min_mask_rate, 1.0)
+    inputs, weights = [], []
+    for target in targets:
+        if rng.random() < t:
+            inputs.append(tokens.mask_id)
+            weights.append(1.0 / t)
+        elif rng.random() < config.replace_prob:
+            inputs.append(rng.choice(tokens.ordinary_ids))
+            weights.append(1.0)
+        else:
+            inputs.append(target)
+            weights.append(1.0)
+    return inputs, weights, t
+
+
+def build_example(
+    tokenizer: Any, hole: Hole, rng: random.Random, tokens: SpanTokens, config: ObjectiveConfig
+) -> TrainingExample:
+    """Lay a hole out with the serving functions and corrupt its span."""
+    middle_ids = tokenizer(hole.middle, add_special_tokens=False)["input_ids"][: config.max_span_tokens]
+    if rng.random() < config.full_span_prob:
+        span_length = config.max_span_tokens
+    else:
+        span_length = min(len(middle_ids) + rng.randint(0, config.max_extra_positions), config.max_span_tokens)
+    span_length = max(span_length, len(middle_ids), 1)
+    room = config.seq_len - span_length
+    suffix_budget = int(room * rng.uniform(0.0, config.suffix_share_max))
+    prefix_budget = room - suffix_budget
+    if rng.random() < config.short_context_prob:
+        prefix_budget = rng.randint(0, prefix_budget)
+    context = ContextConfig(prefix_tokens=prefix_budget, suffix_tokens=suffix_budget)
+    trimmed = trim_context(tokenizer, hole.prefix, hole.suffix, context)
+    canvas = layout_canvas(trimmed.prefix_ids, span_length, trimmed.suffix_ids)
+    targets = list(middle_ids) + [tokens.end_of_span_id] * (span_length - len(middle_ids))
+    noisy, span_weights, t = corrupt_span(targets, rng, tokens, config)
+    outside = [IGNORE_INDEX] * len(canvas.prefix_ids), [IGNORE_INDEX] * len(canvas.suffix_ids)
+    return TrainingExample(
+        input_ids=canvas.prefix_ids + noisy + canvas.suffix_ids,
+        labels=outside[0] + targets + outside[1],
+        loss_weights=[0.0] * len(canvas.prefix_ids) + span_weights + [0.0] * len(canvas.suffix_ids),
+        canvas=canvas,
+        middle_length=len(middle_ids),
+        mask_rate=t,
+        context=context,
+        hole=hole,
+    )
+
+
+def make_example(
+    tokenizer: Any, document: str, rng: random.Random, tokens: SpanTokens, config: ObjectiveConfig
+) -> TrainingExample:
+    """A training example from one document: cut a hole, lay it out as serving does, corrupt the span."""
+    return build_example(tokenizer, sample_hole(document, rng, tokenizer, config), rng, tokens, config)
+
+
+def collate(examples: list[TrainingExample], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-padded tensors for `DiffillForInfilling.forward`; attention_mask and canvas_mask are False on padding."""
+    length = max(len(e.input_ids) for e in examples)
+    batch = len(examples)
+    input_ids = torch.full((batch, length), pad_id, dtype=torch.long)  # (B, T)
+    labels = torch.full((batch, length), IGNORE_INDEX, dtype=torch.long)  # (B, T)
+    loss_weights = torch.zeros((batch, length), dtype=torch.float32)  # (B, T)
+    attention_mask = torch.zeros((batch, length), dtype=torch.bool)  # (B, T)
+    canvas_mask = torch.zeros((batch, length), dtype=torch.bool)  # (B, T)
+    for row, example in enumerate(examples):
+        n = len(example.input_ids)
+        input_ids[row, :n] = torch.tensor(example.input_ids)
+        labels[row, :n] = torch.tensor(example.labels)
+        loss_weights[row, :n] = torch.tensor(example.loss_weights)
+        attention_mask[row, :n] = True
+        canvas_mask[row, example.canvas.span_start : example.canvas.suffix_start] = True
+    position_ids = torch.arange(length).expand(batch, length).clone()  # (B, T) serving's positions, see module doc
+    return {
+        "input_ids": input_ids,
+        "position_ids": position_ids,
+        "canvas_mask": canvas_mask,
+        "attention_mask": attention_mask,
+        "labels": labels,
+        "loss_weights": loss_weights,
+    }

@@ -1,0 +1,414 @@
+"""Tests of the training pipeline: corpus filters, tokenizer round trip, objective layout, resumable training."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import random
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from infill_engine.canvas import layout_canvas, trim_context
+from infill_engine.diffill_model.modeling_diffill import IGNORE_INDEX
+from infill_engine.training import corpus as corpus_module
+from infill_engine.training.checkpoints import latest_checkpoint, list_checkpoints
+from infill_engine.training.corpus import build_corpus, read_corpus, word_shingles
+from infill_engine.training.objective import (
+    HOLE_KINDS,
+    Hole,
+    ObjectiveConfig,
+    build_example,
+    collate,
+    make_example,
+    sample_hole,
+    span_tokens,
+)
+from infill_engine.training.tokenizer_training import SPECIAL_TOKENS, train_tokenizer
+from infill_engine.training.train import TrainConfig, iter_log, prepare_run, train
+
+# Real code to train on: small standard-library modules, the same in every Python.
+STDLIB_MODULES = ("textwrap", "colorsys", "bisect", "heapq", "shlex", "fnmatch", "glob", "copy", "numbers", "string")
+
+WHITESPACE_SAMPLES = [
+    "def f(x):\n\tif x:\n\t\treturn x\n",  # tabs
+    "class A:\n    def m(self):\n        return 1\n",  # 4- and 8-space indents
+    "x = 1    \ny = 2 \t \n\n\n",  # trailing spaces and tabs, blank lines
+    "a = 1\r\nb = 2\r\n\r\n",  # CRLF line ends
+    "s = 'héllo wörld ✓ 日本語 😀'  # ünïcödé\n",  # non-ASCII
+    "    \n  \t  \n",  # whitespace only
+    " leading space and\u00a0no-break space\u2028line separator",
+]
+
+
+@pytest.fixture(scope="module")
+def source_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory of real Python files."""
+    import importlib
+    import inspect
+
+    directory = tmp_path_factory.mktemp("sources")
+    for name in STDLIB_MODULES:
+        shutil.copy(inspect.getsourcefile(importlib.import_module(name)), directory / f"{name}.py")
+    return directory
+
+
+@pytest.fixture(scope="module")
+def tokenizer(source_dir: Path):
+    """A small byte-level BPE tokenizer trained on the source files."""
+    return train_tokenizer((p.read_text() for p in sorted(source_dir.glob("*.py"))), vocab_size=400)
+
+
+def tiny_config(run_dir: Path, source_dir: Path, **overrides) -> TrainConfig:
+    """A run of the tiny preset on the test sources, without the progress bar."""
+    settings = dict(
+        run_dir=run_dir, sources=(str(source_dir),), use_stdlib=False, bench_path=str(run_dir / "no-bench.gz"),
+        preset="tiny", steps=6, batch_size=3, seq_len=80, vocab_size=400, checkpoint_every=2, eval_every=3,
+        eval_batches=1, log_every=1, progress=False,
+    )
+    settings.update(overrides)
+    return TrainConfig(**settings)
+
+
+@pytest.fixture(scope="module")
+def prepared_run(tmp_path_factory: pytest.TempPathFactory, source_dir: Path) -> Path:
+    """A run directory with its corpus and tokenizer written, and no checkpoint yet (copy it before training)."""
+    run_dir = tmp_path_factory.mktemp("prepared") / "run"
+    prepare_run(tiny_config(run_dir, source_dir).resolved())
+    return run_dir
+
+
+def copy_run(prepared: Path, destination: Path) -> Path:
+    """A fresh copy of the prepared run directory."""
+    shutil.copytree(prepared, destination)
+    return destination
+
+
+# ------------------------------------------------------------------------------------------------- tokenizer
+
+
+@pytest.mark.parametrize("text", WHITESPACE_SAMPLES)
+def test_tokenizer_round_trips_whitespace_exactly(tokenizer, text: str, tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert tokenizer.decode(ids) == text
+    tokenizer.save_pretrained(tmp_path)
+    reloaded = AutoTokenizer.from_pretrained(tmp_path)
+    assert reloaded(text, add_special_tokens=False)["input_ids"] == ids
+    assert reloaded.decode(ids, skip_special_tokens=True) == text
+
+
+def test_tokenizer_registers_the_special_tokens(tokenizer) -> None:
+    vocab = tokenizer.get_vocab()
+    assert all(token in vocab for token in SPECIAL_TOKENS)
+    assert tokenizer.pad_token == "<|pad|>" and tokenizer.mask_token == "<|mask|>"
+    assert tokenizer.eos_token == "<|endoftext|>"
+    tokens = span_tokens(tokenizer)
+    assert tokens.end_of_span_id == vocab["<|endofspan|>"]
+    assert len({tokens.mask_id, tokens.end_of_span_id, tokens.pad_id, tokenizer.eos_token_id}) == 4
+    assert not {vocab[t] for t in SPECIAL_TOKENS} & set(tokens.ordinary_ids)
+
+
+# ------------------------------------------------------------------------------------------------- corpus
+
+
+def write_fake_bench(path: Path, problems: list[tuple[str, str, str]]) -> Path:
+    """A gzip JSONL benchmark of (prompt, canonical_solution, suffix) problems."""
+    with gzip.open(path, "wt", encoding="utf-8") as handle:
+        for prompt, middle, suffix in problems:
+            handle.write(json.dumps({"prompt": prompt, "canonical_solution": middle, "suffix": suffix}) + "\n")
+    return path
+
+
+BENCH_PROMPT = (
+    "def has_close_elements(numbers, threshold):\n"
+    '    """Check if in given list of numbers, are any two numbers closer to each other than given threshold."""\n'
+)
+
+
+def test_corpus_filters_each_kind_of_bad_file(tmp_path: Path) -> None:
+    source = tmp_path / "src"
+    (source / "pkg" / "tests" / "data").mkdir(parents=True)
+    (source / "site-packages").mkdir()
+    good = "def add(a, b):\n    return a + b\n"
+    (source / "good.py").write_text(good)
+    (source / "pkg" / "copy_of_good.py").write_text(good)  # duplicate content
+    (source / "pkg" / "tests" / "data" / "sample.py").write_text("x = 1\n")  # test data is kept
+    (source / "gen.py").write_text("# This file was automatically generated.\nx = 1\n")
+    (source / "edit.js").write_text("// Copyright\n// DO NOT EDIT\nvar x = 1;\n")
+    (source / "min.js").write_text("var a=1;" * 100 + "\n")  # one 800-character line
+    (source / "wide.py").write_text(("y = " + "1 + " * 40 + "1\n") * 10)  # mean line length above 120
+    (source / "latin1.py").write_bytes("name = 'café'\n".encode("latin-1"))
+    (source / "huge.py").write_text("x = 1\n" * 40_000)  # 240 KB
+    (source / "empty.py").write_text("\n\n")
+    (source / "notes.txt").write_text("not a source file\n")
+    (source / "site-packages" / "third_party.py").write_text("z = 3\n")
+    leaked = "import math\n\n" + BENCH_PROMPT + "    return True\n"
+    (source / "leak.py").write_text(leaked)
+    bench = write_fake_bench(tmp_path / "bench.jsonl.gz", [(BENCH_PROMPT, "    return True\n", "")])
+
+    corpus = build_corpus([source], bench)
+
+    kept = sorted(Path(d.path).name for d in corpus.documents)
+    assert kept == ["good.py", "sample.py"]
+    dropped = corpus.manifest.dropped
+    assert dropped["duplicate"] == 1
+    assert dropped["generated"] == 2
+    assert dropped["minified"] == 2
+    assert dropped["non_utf8"] == 1
+    assert dropped["huge"] == 1
+    assert dropped["empty"] == 1
+    assert dropped["bench_overlap"] == 1
+    assert corpus.manifest.bench["files_dropped"] == 1
+    assert corpus.manifest.bench["distinct_shingles_matched"] > 0
+    assert corpus.manifest.bench["example_files"][0]["path"].endswith("leak.py")
+    assert corpus.manifest.files == 2 and corpus.manifest.bytes == len(good) + len("x = 1\n")
+
+
+def test_bench_overlap_needs_a_whole_13_word_run(tmp_path: Path) -> None:
+    source = tmp_path / "src"
+    source.mkdir()
+    words = BENCH_PROMPT.split()
+    (source / "twelve.py").write_text("# " + " ".join(words[:12]) + "\nx = 1\n")  # 12 shared words: kept
+    (source / "thirteen.py").write_text("# " + " ".join(words[3:16]) + "\nx = 2\n")  # 13 shared words: dropped
+    bench = write_fake_bench(tmp_path / "bench.jsonl.gz", [(BENCH_PROMPT, "    return True\n", "")])
+
+    corpus = build_corpus([source], bench)
+
+    assert [Path(d.path).name for d in corpus.documents] == ["twelve.py"]
+    assert len(word_shingles(BENCH_PROMPT + "    return True\n")) == corpus.manifest.bench["shingles"]
+
+
+def test_missing_bench_file_warns_and_skips_the_check(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "a.py").write_text("x = 1\n")
+    with caplog.at_level(logging.WARNING, logger=corpus_module.__name__):
+        corpus = build_corpus([source], tmp_path / "absent.jsonl.gz")
+    assert corpus.manifest.files == 1 and corpus.manifest.bench["checked"] is False
+    assert "NOT checked" in caplog.text
+
+
+def test_corpus_holds_out_documents_for_evaluation(source_dir: Path, tmp_path: Path) -> None:
+    corpus = build_corpus([source_dir], tmp_path / "absent.gz")
+    assert corpus.split("train") and corpus.split("eval")
+    assert len(corpus.split("train")) + len(corpus.split("eval")) == len(STDLIB_MODULES)
+
+
+# ------------------------------------------------------------------------------------------------- objective
+
+
+def test_example_uses_the_serving_layout_and_labels_only_the_span(tokenizer) -> None:
+    tokens = span_tokens(tokenizer)
+    config = ObjectiveConfig(seq_len=120, max_span_tokens=40, full_span_prob=0.0, replace_prob=0.3)
+    hole = Hole(prefix="def add(a, b):\n    total = a + b\n", middle="    return total\n",
+                suffix="\n\nprint(add(1, 2))\n", kind="line")
+    for seed in range(20):
+        example = build_example(tokenizer, hole, random.Random(seed), tokens, config)
+        trimmed = trim_context(tokenizer, hole.prefix, hole.suffix, example.context)
+        assert example.canvas == layout_canvas(trimmed.prefix_ids, example.canvas.span_length, trimmed.suffix_ids)
+        start, end = example.canvas.span_start, example.canvas.suffix_start
+        assert example.input_ids[:start] == trimmed.prefix_ids
+        assert example.input_ids[end:] == trimmed.suffix_ids
+        assert all(label == IGNORE_INDEX for label in example.labels[:start] + example.labels[end:])
+        assert all(weight == 0.0 for weight in example.loss_weights[:start] + example.loss_weights[end:])
+        middle_ids = tokenizer(hole.middle, add_special_tokens=False)["input_ids"]
+        assert example.labels[start : start + len(middle_ids)] == middle_ids
+        extra = end - start - len(middle_ids)
+        assert example.labels[start + len(middle_ids) : end] == [tokens.end_of_span_id] * extra
+        assert len(example.input_ids) <= config.seq_len
+
+
+def test_span_extends_past_the_middle_with_end_of_span_targets(tokenizer) -> None:
+    tokens = span_tokens(tokenizer)
+    config = ObjectiveConfig(seq_len=120, max_span_tokens=40, full_span_prob=0.0)
+    hole = Hole(prefix="x = 1\n", middle="y = 2\n", suffix="z = 3\n", kind="line")
+    extras = set()
+    for seed in range(60):
+        example = build_example(tokenizer, hole, random.Random(seed), tokens, config)
+        extras.add(example.canvas.span_length - example.middle_length)
+    assert 0 in extras and max(extras) > 10  # sometimes exact, often longer: the model learns to end spans
+    full = build_example(tokenizer, hole, random.Random(0), tokens, replace(config, full_span_prob=1.0))
+    assert full.canvas.span_length == config.max_span_tokens  # serving's default request shape
+
+
+def test_masked_positions_carry_weight_one_over_t(tokenizer) -> None:
+    tokens = span_tokens(tokenizer)
+    config = ObjectiveConfig(seq_len=120, max_span_tokens=40, replace_prob=0.5)
+    hole = Hole(prefix="for i in range(10):\n", middle="    print(i, i * i)\n", suffix="done()\n", kind="line")
+    saw_replacement = saw_mask = False
+    for seed in range(30):
+        example = build_example(tokenizer, hole, random.Random(seed), tokens, config)
+        start, end = example.canvas.span_start, example.canvas.suffix_start
+        for position in range(start, end):
+            token, label, weight = example.input_ids[position], example.labels[position], example.loss_weights[position]
+            assert label != IGNORE_INDEX
+            if token == tokens.mask_id:
+                saw_mask = True
+                assert weight == pytest.approx(1.0 / example.mask_rate)
+            else:
+                assert weight == 1.0
+                saw_replacement |= token != label
+    assert saw_mask and saw_replacement
+
+
+def test_holes_cover_lines_blocks_and_token_runs(tokenizer, source_dir: Path) -> None:
+    document = (source_dir / "textwrap.py").read_text()
+    config = ObjectiveConfig(seq_len=160, max_span_tokens=64)
+    rng = random.Random(0)
+    kinds = set()
+    for _ in range(200):
+        hole = sample_hole(document, rng, tokenizer, config)
+        kinds.add(hole.kind)
+        assert hole.prefix + hole.middle + hole.suffix == document
+        assert hole.middle
+        assert 1 <= len(tokenizer(hole.middle, add_special_tokens=False)["input_ids"]) <= config.max_span_tokens
+        if hole.kind in ("line", "block") and hole.prefix:
+            assert hole.prefix.endswith("\n")  # whole lines start at a line start
+    assert kinds == set(HOLE_KINDS)
+
+
+def test_training_forward_sees_what_serving_computes(tokenizer, source_dir: Path) -> None:
+    """The span logits of the one-pass training forward equal the adapter's cached encode + predict."""
+    from infill_engine.adapters.diffill import DiffillDenoiser
+    from infill_engine.special_tokens import resolve_special_tokens
+    from infill_engine.training.train import PRESETS, build_model
+
+    tokens = span_tokens(tokenizer)
+    config = ObjectiveConfig(seq_len=120, max_span_tokens=40)
+    torch.manual_seed(0)
+    model = build_model(PRESETS["tiny"], tokenizer, config.seq_len).eval()
+    denoiser = DiffillDenoiser(model, tokenizer, resolve_special_tokens(tokenizer, model.config), "memory")
+    document = (source_dir / "heapq.py").read_text()
+    examples = [make_example(tokenizer, document, random.Random(seed), tokens, config) for seed in range(3)]
+    batch = collate(examples, tokens.pad_id)
+    with torch.no_grad():
+        logits = model(**{k: v for k, v in batch.items() if k not in ("labels", "loss_weights")}).logits
+    for row, example in enumerate(examples):
+        canvas = example.canvas
+        assert batch["attention_mask"][row].sum() == len(example.input_ids)
+        assert not batch["attention_mask"][row, len(example.input_ids) :].any()
+        context = denoiser.encode(canvas.prefix_ids, canvas.suffix_ids, canvas.span_length, 1)
+        span = torch.tensor([example.input_ids[canvas.span_start : canvas.suffix_start]])
+        served = denoiser.predict(context, span)[0]  # (N, V)
+        trained = logits[row, canvas.span_start : canvas.suffix_start]
+        torch.testing.assert_close(trained, served, atol=1e-4, rtol=1e-4)
+
+
+# ------------------------------------------------------------------------------------------------- training
+
+
+def test_interrupted_and_resumed_run_ends_with_the_same_weights(prepared_run: Path, source_dir: Path,
+                                                               tmp_path: Path) -> None:
+    straight = copy_run(prepared_run, tmp_path / "straight")
+    result = train(tiny_config(straight, source_dir))
+    assert result.stopped_by == "steps" and result.step == 6
+
+    interrupted = copy_run(prepared_run, tmp_path / "interrupted")
+    first = train(tiny_config(interrupted, source_dir, stop_at_step=3))
+    assert first.stopped_by == "stop_at_step" and first.step == 3
+    assert latest_checkpoint(interrupted).name == "step-00000003"
+    second = train(tiny_config(interrupted, source_dir))
+    assert second.stopped_by == "steps" and second.step == 6
+
+    straight_weights = load_file(latest_checkpoint(straight) / "model.safetensors")
+    resumed_weights = load_file(latest_checkpoint(interrupted) / "model.safetensors")
+    assert straight_weights.keys() == resumed_weights.keys()
+    for name, tensor in straight_weights.items():
+        assert torch.equal(tensor, resumed_weights[name]), name
+    # the loss log is continuous: one row per step, the same losses
+    straight_log = [(r["step"], r["loss"]) for r in iter_log(straight)]
+    resumed_log = [(r["step"], r["loss"]) for r in iter_log(interrupted)]
+    assert [step for step, _ in straight_log] == [str(s) for s in range(1, 7)]
+    assert resumed_log == straight_log
+    assert len(list_checkpoints(straight)) == 2  # only the newest two are kept
+
+
+def test_a_leftover_partial_checkpoint_is_ignored(prepared_run: Path, source_dir: Path, tmp_path: Path) -> None:
+    run_dir = copy_run(prepared_run, tmp_path / "run")
+    train(tiny_config(run_dir, source_dir, stop_at_step=2))
+    good = latest_checkpoint(run_dir)
+    # a run killed while writing step 4: a temporary directory with half its files
+    partial = run_dir / "checkpoints" / "step-00000004.tmp-k1ll"
+    partial.mkdir()
+    (partial / "config.json").write_text("{")
+    (partial / "model-00001-of-00002.safetensors").write_bytes(b"\x00" * 10)
+    assert latest_checkpoint(run_dir) == good
+
+    result = train(tiny_config(run_dir, source_dir, stop_at_step=4))
+
+    assert result.step == 4 and result.stopped_by == "stop_at_step"
+    assert not partial.exists()
+    assert [p.name for p in list_checkpoints(run_dir)] == ["step-00000002", "step-00000004"]
+
+
+def test_time_limit_stops_with_a_checkpoint(prepared_run: Path, source_dir: Path, tmp_path: Path) -> None:
+    run_dir = copy_run(prepared_run, tmp_path / "run")
+    result = train(tiny_config(run_dir, source_dir, time_limit_minutes=1e-9, checkpoint_every=100))
+    assert result.stopped_by == "time_limit" and result.step == 1
+    assert latest_checkpoint(run_dir).name == "step-00000001"
+
+
+def test_resume_flags_refuse_what_they_cannot_do(prepared_run: Path, source_dir: Path, tmp_path: Path) -> None:
+    run_dir = copy_run(prepared_run, tmp_path / "run")
+    with pytest.raises(ValueError, match="no complete checkpoint"):
+        train(tiny_config(run_dir, source_dir, resume=True))
+    train(tiny_config(run_dir, source_dir, stop_at_step=1))
+    with pytest.raises(ValueError, match="already has checkpoints"):
+        train(tiny_config(run_dir, source_dir, resume=False))
+
+
+def test_checkpoint_loads_for_serving_and_fills(prepared_run: Path, source_dir: Path, tmp_path: Path) -> None:
+    from infill_engine.engine import InfillEngine, InfillRequest
+    from infill_engine.loading import load_denoiser
+
+    run_dir = copy_run(prepared_run, tmp_path / "run")
+    checkpoint = train(tiny_config(run_dir, source_dir, steps=2)).checkpoint
+    assert list(checkpoint.glob("*.safetensors"))
+    denoiser = load_denoiser(checkpoint, device="cpu")
+    assert denoiser.family == "diffill"
+    assert denoiser.special.mask_id == denoiser.tokenizer.mask_token_id
+    assert denoiser.special.end_of_span_ids == (denoiser.tokenizer.convert_tokens_to_ids("<|endofspan|>"),)
+    assert denoiser.max_positions == 80  # serving budgets its context to the trained sequence length
+
+    result = InfillEngine(denoiser).fill(
+        InfillRequest(prefix="def add(a, b):\n    return ", suffix="\n", max_tokens=8, gate=False)
+    )
+    assert result.stats.as_dict()["forward_passes"] >= 1
+    assert all(isinstance(c.text, str) and c.token_ids for c in result.candidates)
+
+
+def test_model_is_written_in_shards_of_at_most_16_mb(tmp_path: Path, tokenizer) -> None:
+    from infill_engine.training.train import PRESETS, build_model
+
+    model = build_model(PRESETS["small"], tokenizer, 256)  # 400 tokens: about 4.8M parameters, 19 MB in float32
+    model.save_pretrained(tmp_path, max_shard_size="16MB")
+    shards = sorted(tmp_path.glob("*.safetensors"))
+    assert len(shards) >= 2 and all(s.stat().st_size <= 16 * 1000**2 + 2**20 for s in shards)
+
+
+def test_train_command_runs_from_the_cli(prepared_run: Path, source_dir: Path, tmp_path: Path) -> None:
+    from infill_engine.cli import main
+
+    run_dir = copy_run(prepared_run, tmp_path / "run")
+    argv = ["train", "--run-dir", str(run_dir), "--no-stdlib", "--source", str(source_dir), "--preset", "tiny",
+            "--steps", "2", "--batch-size", "2", "--seq-len", "80", "--checkpoint-every", "1"]
+    assert main(argv) == 0
+    assert latest_checkpoint(run_dir).name == "step-00000002"
+    assert main(argv + ["--no-resume"]) == 2  # refused: the directory already has checkpoints
+    assert read_corpus(run_dir).manifest.files == len(STDLIB_MODULES)
+
+
+def test_a_new_run_needs_data() -> None:
+    with pytest.raises(ValueError, match="no training data"):
+        TrainConfig(run_dir=Path("unused"), use_stdlib=False)
+    with pytest.raises(ValueError, match="unknown preset"):
+        TrainConfig(run_dir=Path("unused"), preset="huge")
+    with pytest.raises(ValueError, match="max_span_tokens"):
+        ObjectiveConfig(seq_len=64, max_span_tokens=64)
