@@ -342,3 +342,26 @@ def test_bfloat16_load_runs(model: DiffillForInfilling, tmp_path: Path) -> None:
 def test_registration_survives_a_second_import() -> None:
     importlib.reload(diffill_model)
     assert type(AutoModelForMaskedLM.from_config(tiny_config())).__name__ == "DiffillForInfilling"
+
+
+def test_loss_only_gives_the_same_loss_and_gradients():
+    import torch
+
+    from infill_engine.diffill_model import DiffillConfig, DiffillForInfilling
+
+    torch.manual_seed(0)
+    model = DiffillForInfilling(DiffillConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2,
+                                              num_attention_heads=2, intermediate_size=64))
+    ids = torch.randint(0, 50, (2, 12))
+    canvas = torch.zeros(2, 12, dtype=torch.bool)
+    canvas[:, 4:8] = True
+    labels = torch.where(canvas, ids, torch.full_like(ids, -100))
+    weights = torch.rand(2, 12) + 0.5
+    full = model(ids, canvas_mask=canvas, labels=labels, loss_weights=weights).loss
+    full.backward()
+    grad = model.embed_tokens.weight.grad.clone()
+    model.zero_grad()
+    fast = model(ids, canvas_mask=canvas, labels=labels, loss_weights=weights, loss_only=True).loss
+    fast.backward()
+    assert torch.allclose(full, fast, atol=1e-6)
+    assert torch.allclose(grad, model.embed_tokens.weight.grad, atol=1e-6)

@@ -269,9 +269,14 @@ class DiffillForInfilling(DiffillPreTrainedModel):
         attention_mask: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         loss_weights: torch.Tensor | None = None,
+        loss_only: bool = False,
         **kwargs,
     ) -> MaskedLMOutput:
-        """One pass over context and canvas together (training); canvas_mask None means all positions are canvas."""
+        """One pass over context and canvas together (training); canvas_mask None means all positions are canvas.
+
+        With `loss_only` (and labels), the output layer runs only at labelled positions (the span: about a fifth of
+        a training sequence) and no logits are returned; the loss is the same.
+        """
         B, T = input_ids.shape
         if position_ids is None:
             position_ids = torch.arange(T, device=input_ids.device).expand(B, T)
@@ -285,6 +290,12 @@ class DiffillForInfilling(DiffillPreTrainedModel):
             attn_mask = infilling_attention_mask(canvas, real)  # (B, 1, T, T)
         for block in self.layers:
             x, _, _ = block(x, cos, sin, attn_mask)
+        if loss_only and labels is not None:
+            labelled = labels != IGNORE_INDEX  # (B, T)
+            weights = None if loss_weights is None else loss_weights[labelled][None]
+            span_logits = self.lm_head(self.norm(x[labelled]))[None]  # (1, L, V)
+            loss = masked_diffusion_loss(span_logits, labels[labelled][None], weights)
+            return MaskedLMOutput(loss=loss, logits=None)
         logits = self.lm_head(self.norm(x))  # (B, T, V)
         loss = None if labels is None else masked_diffusion_loss(logits, labels, loss_weights)
         return MaskedLMOutput(loss=loss, logits=logits)

@@ -467,7 +467,7 @@ def train_step(
 ) -> tuple[float, float]:
     """One optimizer step on a batch; the loss before the step and the learning rate it was taken with."""
     with _autocast(device):
-        loss = model(**batch).loss
+        loss = model(**batch, loss_only=True).loss
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
