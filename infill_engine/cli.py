@@ -117,6 +117,11 @@ def build_parser() -> argparse.ArgumentParser:
     doctor = commands.add_parser("doctor", help="show the device, dtype, model, tokenizer and grammars in use")
     model_options(doctor)
     doctor.add_argument("--json", action="store_true", help="print JSON")
+
+    from lsp_server.cli import add_serve_arguments
+
+    add_serve_arguments(commands.add_parser("serve", help="run the language server for editors (stdio or --tcp)"))
+
     from infill_engine.training.cli import add_train_parser
 
     add_train_parser(commands)
@@ -315,6 +320,10 @@ def run_eval(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `diffill` console command."""
+    from lsp_server.cli import run_serve, wants_serve
+
+    if wants_serve(sys.argv[1:] if argv is None else argv):  # before build_parser, which imports torch
+        return run_serve(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr)
     if not args.verbose:

@@ -233,6 +233,108 @@ class InfillEngine:
             ranges.append((max(first - 1, 0), min(last + 1, len(ends) - 1)))
         return ranges or [(max(len(ends) - 2, 0), len(ends) - 1)]
 
+    def refine(
+        self,
+        request: InfillRequest,
+        original: str,
+        renoise: list[tuple[int, int]] | None = None,
+        keep_above: float | None = 0.9,
+        grow: int = 4,
+        on_step: StepCallback | None = None,
+    ) -> InfillResult:
+        """Denoise `original` again in place, starting from its own tokens, and keep what the model is sure of.
+
+        `original` is the text between `request.prefix` and `request.suffix`. With `keep_above`, its tokens are
+        scored in one batched forward pass (each position hidden in one of a few interleaved groups, so every token
+        is judged with most of its neighbours visible) and those the model gives less than `keep_above` are
+        re-noised; tokens overlapping a `renoise` character range of `original` (one token of margin) are re-noised
+        too; the others stay as they are. `grow` free positions after the text let it grow (a missing closing
+        bracket) or stay empty. The span can only end in those positions: a re-noised position inside the text is
+        given a token, so the kept tokens after it survive. Candidates are gated against the document with
+        `original` in place. `request.max_tokens` is not used: the span is the text's tokens plus `grow`.
+        """
+        request.validate()
+        special = self.denoiser.special
+        ids = list(self.denoiser.tokenizer(original, add_special_tokens=False)["input_ids"])
+        grow = grow if special.end_of_span_ids else 0
+        length = len(ids) + grow
+        if not ids:
+            raise ValueError("there is nothing to refine: the text is empty")
+        if length > MAX_SPAN_TOKENS:
+            raise ValueError(f"the text has {len(ids)} tokens; refine handles at most {MAX_SPAN_TOKENS - grow}")
+        sized = replace(request, max_tokens=length)
+        stats = FillStats(candidates=request.candidates, canvas_positions=length)
+        language = syntax.language_for(request.language) if request.language else None
+        config = self.sampler if request.seed is None else replace(self.sampler, seed=request.seed)
+        with stats.timed("total"):
+            with stats.timed("tokenize"):
+                trimmed = trim_context(self.denoiser.tokenizer, request.prefix, request.suffix, self._budget(sized))
+            end_id = special.end_of_span_ids[0] if grow else 0
+            initial = torch.tensor(ids + [end_id] * grow, dtype=torch.long)  # (N,)
+            free = torch.zeros(length, dtype=torch.bool)  # (N,) positions decided again
+            free[len(ids) :] = True
+            for first, last in self._token_ranges(original, renoise or []):
+                free[first : last + 1] = True
+            if keep_above is not None:
+                with stats.timed("score"):
+                    confidence = self._token_confidence(
+                        trimmed.prefix_ids, trimmed.suffix_ids, initial, len(ids), config
+                    )
+                stats.forward_passes += 1
+                stats.context_encodes += 1
+                free[: len(ids)] |= confidence < keep_above
+            span = denoise_span(
+                _EndsOnlyAfter(self.denoiser, len(ids)), trimmed.prefix_ids, trimmed.suffix_ids, length, config,
+                batch_size=request.candidates, stats=stats, on_step=on_step, initial=initial, frozen=~free,
+            )
+            candidates = self._decode(span)
+            if request.gate:
+                with stats.timed("gate"):
+                    document = request.prefix + original + request.suffix
+                    start, end = len(request.prefix), len(request.prefix) + len(original)
+                    for candidate in candidates:
+                        candidate.gate = syntax.check_fill(document, start, end, candidate.text, language)
+        passing = [c for c in candidates if c.passed]
+        rejected = [c for c in candidates if not c.passed]
+        passing.sort(key=lambda c: (syntax.rank_key(c.gate) if c.gate else (), -c.score))
+        best = passing[0] if passing else (candidates[0] if candidates else None)
+        stats.tokens_generated = len(best.token_ids) if best else 0
+        return InfillResult(_unique(passing), rejected, stats)
+
+    def _token_ranges(self, text: str, char_ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """Token index ranges of `text` that overlap each character range, with one token of margin each side."""
+        if not char_ranges:
+            return []
+        offsets = self.denoiser.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+        ranges = []
+        for begin, finish in char_ranges:
+            hit = [i for i, (a, b) in enumerate(offsets) if a < max(finish, begin + 1) and b > begin]
+            if not hit:  # past the end of the text: its last token
+                hit = [len(offsets) - 1]
+            ranges.append((max(hit[0] - 1, 0), min(hit[-1] + 1, len(offsets) - 1)))
+        return ranges
+
+    @torch.no_grad()
+    def _token_confidence(
+        self, prefix_ids: list[int], suffix_ids: list[int], span: torch.Tensor, scored: int, config: SamplerConfig
+    ) -> torch.Tensor:
+        """Probability (scored,) the model gives each of the first `scored` span tokens when that token is hidden."""
+        from infill_engine.sampler import fresh_noise
+
+        groups = min(4, scored)
+        length = span.shape[0]
+        generator = torch.Generator(device=self.denoiser.device).manual_seed(config.seed)
+        canvas = span.to(self.denoiser.device).expand(groups, length).clone()  # (G, N)
+        hidden = torch.zeros((groups, length), dtype=torch.bool, device=canvas.device)  # (G, N)
+        for position in range(scored):
+            hidden[position % groups, position] = True
+        canvas = torch.where(hidden, fresh_noise(self.denoiser, (groups, length), generator), canvas)
+        context = self.denoiser.encode(prefix_ids, suffix_ids, length, groups)
+        probs = torch.softmax(self.denoiser.predict(context, canvas).float(), dim=-1)  # (G, N, V)
+        rows = torch.arange(scored, device=canvas.device) % groups
+        columns = torch.arange(scored, device=canvas.device)
+        return probs[rows, columns, span[:scored].to(canvas.device)].cpu()  # (scored,)
+
 
 def default_sampler_for(denoiser: Denoiser) -> SamplerConfig:
     """Library defaults per family: DiffusionGemma's entropy-bound sampler, confidence thresholds elsewhere."""
@@ -253,3 +355,29 @@ def _unique(candidates: list[Candidate]) -> list[Candidate]:
             seen.add(candidate.text)
             unique.append(candidate)
     return unique
+
+
+class _EndsOnlyAfter(Denoiser):
+    """A denoiser seen through a filter: end-of-span cannot be written before position `tail` of the span."""
+
+    def __init__(self, inner: Denoiser, tail: int) -> None:
+        super().__init__(inner.model, inner.tokenizer, inner.special, inner.path)
+        self.inner, self.tail = inner, tail
+        self.family, self.noise, self.block_mode = inner.family, inner.noise, inner.block_mode
+        self.uses_self_conditioning = inner.uses_self_conditioning
+
+    def encode(self, prefix_ids, suffix_ids, span_length, batch_size):  # type: ignore[no-untyped-def]
+        """The inner denoiser's context."""
+        return self.inner.encode(prefix_ids, suffix_ids, span_length, batch_size)
+
+    def predict(self, context, canvas, self_conditioning=None):  # type: ignore[no-untyped-def]
+        """The inner logits (B, N, V), with end-of-span forbidden before `tail`."""
+        logits = self.inner.predict(context, canvas, self_conditioning)
+        if self.tail > 0 and self.special.end_of_span_ids:
+            logits = logits.clone()
+            logits[:, : self.tail, list(self.special.end_of_span_ids)] = -math.inf
+        return logits
+
+    def encode_rows(self, prefix_ids, continuation, suffix_ids, span_length):  # type: ignore[no-untyped-def]
+        """The inner denoiser's block context."""
+        return self.inner.encode_rows(prefix_ids, continuation, suffix_ids, span_length)

@@ -1,0 +1,51 @@
+"""The loss curve of a training run as a PNG, for the model card (needs matplotlib: `pip install matplotlib`)."""
+
+from __future__ import annotations
+
+import csv
+import os
+from pathlib import Path
+
+
+def read_log(path: str | os.PathLike[str]) -> list[dict[str, float | None]]:
+    """Rows of a run's train_log.csv with numbers parsed (empty cells become None)."""
+    with open(path, newline="", encoding="utf-8") as handle:
+        return [{k: (float(v) if v not in ("", None) else None) for k, v in row.items()} for row in csv.DictReader(handle)]
+
+
+def plot_loss(log_path: str | os.PathLike[str], png_path: str | os.PathLike[str], title: str = "") -> None:
+    """Training loss (smoothed) and held-out loss against training tokens, with eval accuracy on a second axis."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = read_log(log_path)
+    tokens = [r["tokens"] / 1e6 for r in rows]
+    loss = [r["loss"] for r in rows]
+    smooth, alpha, value = [], 0.1, None
+    for point in loss:
+        value = point if value is None else (1 - alpha) * value + alpha * point
+        smooth.append(value)
+    evals = [(r["tokens"] / 1e6, r["eval_loss"], r.get("eval_accuracy")) for r in rows if r["eval_loss"] is not None]
+    figure, axis = plt.subplots(figsize=(7, 4), dpi=110)
+    axis.plot(tokens, loss, color="#9ab", linewidth=0.6, label="train loss")
+    axis.plot(tokens, smooth, color="#135", linewidth=1.5, label="train loss (smoothed)")
+    if evals:
+        axis.plot([e[0] for e in evals], [e[1] for e in evals], "o-", color="#c52", markersize=3, label="held-out loss")
+    axis.set_xlabel("training tokens (millions)")
+    axis.set_ylabel("loss (nats, 1/t-weighted)")
+    axis.set_ylim(0, min(8.0, max(loss) if loss else 8.0))
+    axis.grid(alpha=0.3)
+    accuracy = [(e[0], e[2]) for e in evals if e[2] is not None]
+    if accuracy:
+        right = axis.twinx()
+        right.plot([a[0] for a in accuracy], [100 * a[1] for a in accuracy], "s--", color="#393", markersize=3,
+                   label="held-out masked-token accuracy (%)")
+        right.set_ylabel("accuracy (%)")
+        right.legend(loc="upper center", fontsize=8)
+    axis.legend(loc="upper right", fontsize=8)
+    axis.set_title(title or Path(log_path).parent.name)
+    figure.tight_layout()
+    figure.savefig(png_path)
+    plt.close(figure)

@@ -1,0 +1,55 @@
+"""`diffill serve`: its options, and a start-up path that imports neither torch nor transformers.
+
+`infill_engine.cli.build_parser` imports the engine (and with it torch) to list model families and sampler rules.
+The language server must answer `initialize` before any of that is loaded, so `diffill serve` is recognised first
+and parsed by the small parser here; both parsers take the serve options from `add_serve_arguments`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+_VERBOSE = ("-v", "--verbose")
+
+
+def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
+    """The options of `diffill serve`."""
+    serve.add_argument("--tcp", metavar="[HOST:]PORT",
+                       help="listen on a TCP port instead of standard input/output (host: 127.0.0.1 unless named)")
+    serve.add_argument("--model", metavar="PATH",
+                       help="model directory used when the editor's settings name none (default: the embedded model)")
+    serve.add_argument("--engine-factory", metavar="MODULE:FUNCTION",
+                       help="build the engine by calling FUNCTION(settings) from MODULE, not from a checkpoint")
+
+
+def wants_serve(argv: Sequence[str]) -> bool:
+    """Whether the command line asks for `diffill [-v] serve ...`."""
+    index = 0
+    while index < len(argv) and argv[index] in _VERBOSE:
+        index += 1
+    return index < len(argv) and argv[index] == "serve"
+
+
+def run_serve(argv: Sequence[str]) -> int:
+    """Parse `[-v] serve [options]` and run the language server."""
+    parser = argparse.ArgumentParser(prog="diffill", description="The diffill language server.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log what happens to standard error")
+    commands = parser.add_subparsers(dest="command", required=True)
+    add_serve_arguments(commands.add_parser("serve", help="run the language server"))
+    args = parser.parse_args(list(argv))
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    logging.getLogger("pygls").setLevel(logging.WARNING)  # pygls logs every message at INFO
+    from lsp_server.server import parse_tcp, serve
+
+    if args.tcp is not None:
+        try:
+            parse_tcp(args.tcp)
+        except ValueError as error:
+            parser.error(str(error))
+    return serve(tcp=args.tcp, model=args.model, engine_factory=args.engine_factory)

@@ -1,0 +1,220 @@
+"""Suggestions at the cursor, for ghost text and completion items: from the cache, or from the model.
+
+A request goes through these steps, and stops at the first that answers:
+
+1. the position must be inside the document, the language enabled, and the model loaded (else nothing: a request
+   that arrives while the model loads gets an empty answer at once, never an error or a wait);
+2. the cache: the same context, or the user has typed the start of a suggestion (no model call);
+3. a computation already running for the same document, version and position (VS Code asks for ghost text and
+   completion items at once) is joined rather than started again;
+4. otherwise the model: a ticket for the document (superseding the previous request's), a short debounce, then a
+   fill on the model thread, tidied (`postprocess`) and gated again against the real document.
+
+The answer is dropped when the document changed while the model worked; the suggestions stay in the cache, where
+the next request (typically typed-ahead) finds them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from dataclasses import dataclass, field
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from lsprotocol import types
+
+from infill_engine import syntax
+from lsp_server import conversion, postprocess, status
+from lsp_server.cache import CacheKey
+from lsp_server.context import Cursor, Snapshot, as_comments, cursor_at, similar_chunks
+from lsp_server.scheduler import CANCELLED, CHANGED, FILL, Ticket
+from lsp_server.settings import Settings
+
+if TYPE_CHECKING:
+    from infill_engine.engine import InfillEngine
+    from lsp_server.server import DiffillServer
+
+logger = logging.getLogger(__name__)
+_WORD = re.compile(r"[A-Za-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class Suggestions:
+    """What to show at a cursor."""
+
+    texts: list[str]  # the fills, best first, each passing the syntax gate
+    cursor: Cursor
+    position: types.Position  # the cursor as an LSP position (clamped into its line)
+    word_range: types.Range  # the identifier before the cursor, which completion items replace
+    word: str
+
+
+@dataclass
+class FillOutcome:
+    """What a fill job returns from the model thread."""
+
+    texts: list[str]
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class _Computation:
+    """A fill running for a document, version and position, which a second identical request can join."""
+
+    key: tuple[str, int | None, int]
+    ticket: Ticket
+    task: asyncio.Task[FillOutcome | None]
+    waiters: int = 0
+
+
+def gated_variants(fills: list[str], cursor: Cursor, language: str | None) -> list[str]:
+    """For each fill, its first tidied variant that adds no syntax problem to the document window; no repeats."""
+    document = cursor.prefix + cursor.suffix
+    at = len(cursor.prefix)
+    kept: list[str] = []
+    for fill in fills:
+        for variant in postprocess.variants(fill, cursor.around):
+            if syntax.check_fill(document, at, at, variant, language).ok:
+                if variant not in kept:
+                    kept.append(variant)
+                break
+    return kept
+
+
+def fill_job(
+    engine: InfillEngine,
+    cursor: Cursor,
+    language: str | None,
+    settings: Settings,
+    others: list[tuple[str, str]],
+    ticket: Ticket,
+) -> FillOutcome:
+    """On the model thread: fill at the cursor and keep the tidied fills that pass the gate."""
+    from infill_engine.engine import InfillRequest
+
+    around = cursor.around
+    max_tokens = settings.completion.max_tokens if around.multiline else settings.completion.line_tokens
+    extra = ""
+    if others and len(cursor.prefix) < 2 * settings.context.prefix_tokens:  # the model has room for more context
+        chunks = similar_chunks(others, cursor, settings.context.chunk_lines, settings.context.max_chunks)
+        extra = as_comments(chunks, language, around.newline)
+    request = InfillRequest(
+        prefix=extra + cursor.prefix, suffix=cursor.suffix, language=language, max_tokens=max_tokens,
+        candidates=settings.completion.candidates,
+    )
+    try:
+        result = engine.fill(request, on_step=ticket.on_step)
+    except ValueError as error:  # a request this model cannot take (max_tokens too large for it)
+        logger.warning("no fill: %s", error)
+        return FillOutcome([])
+    # Rejected fills too: the gate judged the raw span, and tidying (one line mid-line, no repeated bracket) may
+    # be what it needed.
+    fills = [c.text for c in result.candidates + result.rejected]
+    return FillOutcome(gated_variants(fills, cursor, language), result.stats.as_dict())
+
+
+class Completer:
+    """Answers ghost-text and completion requests."""
+
+    def __init__(self, ls: DiffillServer) -> None:
+        self.ls = ls
+        self._running: dict[str, _Computation] = {}  # by uri
+
+    async def suggest(self, document: Snapshot, position: types.Position, method: str) -> Suggestions | None:
+        """Suggestions at `position`, or None (the `diffill/status` notification says why)."""
+        ls, settings = self.ls, self.ls.settings
+        report = status.Report(method, document.uri)
+        index = conversion.line_index(document.text)
+        offset = index.offset_at(position, ls.encoding)
+        if offset is None:
+            return self._done(report, "invalid")
+        if not settings.completion.enabled or not settings.enabled_for(document.language_id):
+            return self._done(report, "disabled")
+        cursor = cursor_at(document.text, offset)
+        word = _WORD.search(cursor.around.line_before).group()  # type: ignore[union-attr]
+        word_range = index.range_of(offset - len(word), offset, ls.encoding)
+        found = _Found(cursor, index.position_at(offset, ls.encoding), word_range, word)
+        key = CacheKey.of(cursor, document.language or "")
+        cached = ls.cache.lookup(key)
+        if cached:
+            report.cache_hit = True
+            return self._done(report, "cache", found.suggestions(cached))
+        if not ls.host.ready:
+            return self._done(report, "not_ready")
+        computation = self._join_or_start(document, cursor, settings)
+        computation.waiters += 1
+        try:
+            outcome = await asyncio.shield(computation.task)
+        except asyncio.CancelledError:  # $/cancelRequest: the report goes out when the model thread lets go
+            computation.waiters -= 1
+            if computation.waiters == 0:
+                computation.ticket.cancel(CANCELLED)
+            computation.task.add_done_callback(lambda _: self._done(report, CANCELLED, ticket=computation.ticket))
+            raise
+        computation.waiters -= 1
+        if outcome is None:
+            return self._done(report, computation.ticket.reason or CANCELLED, ticket=computation.ticket)
+        report.stats = outcome.stats
+        if ls.settings is settings:  # made under the settings in force (a change of settings empties the cache)
+            ls.cache.store(key, outcome.texts)
+        if ls.document_version(document.uri) != document.version:
+            return self._done(report, CHANGED, ticket=computation.ticket)
+        if not outcome.texts:
+            return self._done(report, "empty", ticket=computation.ticket)
+        return self._done(report, "ok", found.suggestions(outcome.texts), ticket=computation.ticket)
+
+    def _join_or_start(self, document: Snapshot, cursor: Cursor, settings: Settings) -> _Computation:
+        """The running computation for this exact request, or a new one that supersedes the document's last."""
+        key = (document.uri, document.version, cursor.offset)
+        running = self._running.get(document.uri)
+        if running is not None and running.key == key and not running.task.done() and not running.ticket.cancelled:
+            return running
+        ticket = self.ls.scheduler.issue(document.uri, FILL, document.version)
+        others = self.ls.other_documents(document.uri) if settings.context.other_documents else []
+        task = asyncio.ensure_future(self._compute(ticket, cursor, document.language, settings, others))
+        computation = _Computation(key, ticket, task)
+        self._running[document.uri] = computation
+        task.add_done_callback(lambda _: self._forget(computation))
+        return computation
+
+    def _forget(self, computation: _Computation) -> None:
+        if self._running.get(computation.ticket.uri) is computation:
+            del self._running[computation.ticket.uri]
+        self.ls.scheduler.finish(computation.ticket)
+
+    async def _compute(
+        self, ticket: Ticket, cursor: Cursor, language: str | None, settings: Settings, others: list[tuple[str, str]]
+    ) -> FillOutcome | None:
+        """Debounce, then fill on the model thread; None when superseded or cancelled first."""
+        if settings.completion.debounce_ms:
+            await asyncio.sleep(settings.completion.debounce_ms / 1000)
+        if ticket.cancelled:
+            return None
+        job = partial(fill_job, cursor=cursor, language=language, settings=settings, others=others, ticket=ticket)
+        return await self.ls.host.run(job, ticket)
+
+    def _done(
+        self, report: status.Report, outcome: str, suggestions: Suggestions | None = None, ticket: Ticket | None = None
+    ) -> Suggestions | None:
+        """Send the request's status and return its answer."""
+        report.outcome = outcome
+        report.items = len(suggestions.texts) if suggestions else 0
+        if ticket is not None:
+            report.steps_done = ticket.steps
+        status.send(self.ls, report)
+        return suggestions
+
+
+@dataclass(frozen=True)
+class _Found:
+    """Where suggestions go, computed before the answer is known."""
+
+    cursor: Cursor
+    position: types.Position
+    word_range: types.Range
+    word: str
+
+    def suggestions(self, texts: list[str]) -> Suggestions:
+        return Suggestions(list(texts), self.cursor, self.position, self.word_range, self.word)

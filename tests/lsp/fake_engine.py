@@ -1,0 +1,99 @@
+"""A deterministic engine for end-to-end tests of the language server, built by `diffill serve --engine-factory`.
+
+Random tiny checkpoints write garbage, which only allows assertions that hold for any output. For exact ones the
+server is started with `--engine-factory tests.lsp.fake_engine:build_engine`: a real `InfillEngine` (canvas,
+denoising loop, syntax gate, refine) around a denoiser whose predictions are scripted by the context it is given.
+A rule matches when the decoded prefix ends with `before` and the suffix starts with `after`; candidate k of the
+batch predicts the k-th of its `fills` (the last one repeats), then end-of-span. A fill given as a tuple of pieces
+is tokenized piece by piece, so that its tokens line up with the tokens of the text it refines.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from infill_engine.adapters.base import EncodedContext
+from infill_engine.engine import InfillEngine
+from infill_engine.sampler import SamplerConfig
+from tests.scripted import ScriptedDenoiser
+from tests.tiny_models import build_tokenizer
+
+SLOW_STEP_SECONDS = 0.15  # per forward pass of a slow rule: long enough to supersede or cancel it mid-fill
+SLOW_MARGIN = 2.0  # logit margin of a slow rule: below the commit threshold, so one position commits per step
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What the fake model writes in a context."""
+
+    before: str
+    after: str
+    fills: tuple[str | tuple[str, ...], ...]
+    slow: bool = False
+
+
+RULES = (
+    # ghost text at a line end: two candidates, two items
+    Rule("def add(a, b):\n    return ", "\n", ("a + b", "b + a")),
+    # a rewrite or a refinement of a selection
+    Rule("def sub(a, b):\n    return ", "\n", ("a - b",)),
+    # the instruction of a rewrite, as the comment line the server puts before the selection
+    Rule("# make it a product\n    return ", "\n", ("a * b",)),
+    # mid-line: the fill repeats the closing bracket after the cursor and runs on to another line
+    Rule("total = sum(", ")", ("values)\nprint(total)",)),
+    # a word being typed, for completion items
+    Rule("def scale(values, factor):\n    ret", "\n", ("urn [v * factor for v in values]",)),
+    # a fill that would break the syntax: the gate must drop it
+    Rule("broken = ", "\n", ("foo(",)),
+    # a body for a placeholder
+    Rule("def mean(values):\n    ", "\n", ("return sum(values) / len(values)",)),
+    # the quick fix of a missing closing bracket: the line's own tokens, then ")"
+    Rule("", "\ny = 3", (("x = foo(1, 2", ")"),)),
+    # slow fills, to supersede, cancel or outdate them while they run
+    Rule("slow = ", "\n", ("1 + 2 + 3 + 4 + 5 + 6 + 7",), slow=True),
+    Rule("fast = ", "\n", ("42",)),
+    Rule("def slow_rewrite():\n    return ", "\n", ("0",), slow=True),
+)
+
+
+class RuleDenoiser(ScriptedDenoiser):
+    """Writes the fills of the first rule that matches the context; nothing (end-of-span) when none does."""
+
+    def __init__(self, tokenizer, rules=RULES) -> None:
+        super().__init__(tokenizer, [""])
+        self.rules = rules
+        self.slow = False
+
+    def _ids(self, fill: str | tuple[str, ...]) -> list[int]:
+        pieces = (fill,) if isinstance(fill, str) else fill
+        return [i for piece in pieces for i in self.tokenizer(piece, add_special_tokens=False)["input_ids"]]
+
+    def encode(self, prefix_ids, suffix_ids, span_length, batch_size) -> EncodedContext:
+        self.encodes += 1
+        prefix = self.tokenizer.decode(prefix_ids)
+        suffix = self.tokenizer.decode(suffix_ids)
+        rule = next((r for r in self.rules if prefix.endswith(r.before) and suffix.startswith(r.after)), None)
+        fills = rule.fills if rule else ("",)
+        self.slow = bool(rule and rule.slow)
+        self.margin = SLOW_MARGIN if self.slow else 12.0
+        end = self.special.end_of_span_ids[0]
+        rows = []
+        for row in range(batch_size):
+            ids = self._ids(fills[min(row, len(fills) - 1)])[:span_length]
+            rows.append(ids + [end] * (span_length - len(ids)))
+        return EncodedContext(prefix_ids, suffix_ids, span_length, batch_size, torch.tensor(rows))
+
+    def predict(self, context, canvas, self_conditioning=None) -> torch.Tensor:
+        if self.slow:
+            time.sleep(SLOW_STEP_SECONDS)
+        return super().predict(context, canvas, self_conditioning)
+
+
+def build_engine(settings) -> InfillEngine:
+    """The `--engine-factory` entry point: an engine around the rule denoiser (settings are applied by the server)."""
+    tokenizer = build_tokenizer({"pad": "<|pad|>", "mask": "<|mask|>", "eos": "<|endoftext|>",
+                                 "end_of_span": "<|endofspan|>"})
+    return InfillEngine(RuleDenoiser(tokenizer), sampler=SamplerConfig(steps=24, block_size=64))

@@ -1,0 +1,269 @@
+"""`diffill serve` end to end with a deterministic model: exact suggestions, edits, caching and freshness.
+
+The server runs the real engine (canvas, denoising loop, syntax gate, refine) around the rule denoiser of
+`tests.lsp.fake_engine`, so every answer here is known in advance. One server per recorded client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import pytest_lsp
+from lsprotocol import types
+from pytest_lsp import ClientServerConfig, LanguageClient
+
+from tests.lsp import fake_engine
+from tests.lsp.conftest import (
+    CLIENTS,
+    SERVER_ENV,
+    WAIT,
+    apply_text_edits,
+    apply_workspace_edit,
+    change_document,
+    complete,
+    debug_info,
+    encoding_of,
+    field_of,
+    inline,
+    open_document,
+    problems,
+    serve_command,
+    start,
+    status_after,
+    wait_until_loaded,
+)
+
+pytestmark = pytest.mark.asyncio
+
+SETTINGS = {"completion": {"debounceMs": 0}, "diagnostics": {"debounceMs": 0}, "context": {"otherDocuments": False}}
+
+
+@pytest_lsp.fixture(
+    config=ClientServerConfig(serve_command("--engine-factory", "tests.lsp.fake_engine:build_engine"),
+                              server_env=SERVER_ENV),
+    scope="module", params=CLIENTS,
+)
+async def client(lsp_client: LanguageClient, request: pytest.FixtureRequest):
+    lsp_client.init_result = await start(lsp_client, request.param, SETTINGS)  # type: ignore[attr-defined]
+    info = await wait_until_loaded(lsp_client)
+    assert field_of(info, "state") == "ready", field_of(info, "message")
+    yield
+    await lsp_client.shutdown_session()
+
+
+def encoding(client: LanguageClient) -> str:
+    return encoding_of(client.init_result)  # type: ignore[attr-defined]
+
+
+def texts(result: types.InlineCompletionList | None) -> list[str]:
+    return [item.insert_text for item in result.items] if result else []  # type: ignore[misc]
+
+
+async def test_ghost_text_at_a_line_end_offers_every_candidate_that_passes(client: LanguageClient):
+    uri = "file:///exact/add.py"
+    open_document(client, uri, "def add(a, b):\n    return \n\nprint(add(1, 2))\n")
+    result = await inline(client, uri, 1, 11)
+    assert sorted(texts(result)) == ["a + b", "b + a"]
+    cursor = types.Range(start=types.Position(1, 11), end=types.Position(1, 11))
+    assert all(item.range == cursor for item in result.items)
+    status = await status_after(client, 0, types.TEXT_DOCUMENT_INLINE_COMPLETION)
+    assert field_of(status, "forward_passes") >= 1 and not field_of(status, "cache_hit")
+
+
+async def test_mid_line_ghost_text_is_one_line_without_the_bracket_that_follows(client: LanguageClient):
+    uri = "file:///exact/total.py"
+    open_document(client, uri, "values = [1, 2]\ntotal = sum()\n")
+    assert texts(await inline(client, uri, 1, 12)) == ["values"]  # the model wrote "values)\nprint(total)"
+
+
+async def test_completion_items_insert_the_fill_after_the_typed_word(client: LanguageClient):
+    uri = "file:///exact/scale.py"
+    text = "def scale(values, factor):\n    ret\n"
+    open_document(client, uri, text)
+    result = await complete(client, uri, 1, 7)
+    items = result.items if isinstance(result, types.CompletionList) else result
+    assert [item.label for item in items] == ["return [v * factor for v in values]"]
+    item = items[0]
+    assert item.label_details.description == "diffill"
+    assert item.text_edit.range == types.Range(start=types.Position(1, 4), end=types.Position(1, 7))
+    applied = apply_text_edits(text, [item.text_edit], encoding(client))
+    assert applied == "def scale(values, factor):\n    return [v * factor for v in values]\n"
+    assert problems(applied) == []
+
+
+async def test_typing_the_start_of_a_suggestion_is_answered_from_the_cache(client: LanguageClient):
+    uri = "file:///exact/typed.py"
+    text = "def add(a, b):\n    return \n"
+    open_document(client, uri, text)
+    assert sorted(texts(await inline(client, uri, 1, 11))) == ["a + b", "b + a"]
+    seen = len(client.statuses)  # type: ignore[attr-defined]
+    change_document(client, uri, "def add(a, b):\n    return a \n", 2)
+    assert texts(await inline(client, uri, 1, 13)) == ["+ b"]
+    status = await status_after(client, seen, types.TEXT_DOCUMENT_INLINE_COMPLETION)
+    assert field_of(status, "cache_hit") is True
+    assert field_of(status, "forward_passes") == 0
+    assert field_of(status, "outcome") == "cache"
+
+
+async def test_a_fill_that_breaks_the_syntax_is_never_shown(client: LanguageClient):
+    uri = "file:///exact/broken.py"
+    open_document(client, uri, "broken = \nprint(broken)\n")
+    assert await inline(client, uri, 0, 9) is None  # the model wrote "foo(": the gate drops it
+
+
+async def test_a_newer_request_supersedes_a_running_one(client: LanguageClient):
+    uri = "file:///exact/slow.py"
+    open_document(client, uri, "slow = \nfast = \n")
+    seen = len(client.statuses)  # type: ignore[attr-defined]
+    first = asyncio.ensure_future(inline(client, uri, 0, 7))
+    await asyncio.sleep(fake_engine.SLOW_STEP_SECONDS * 3)  # the slow fill is running
+    second = await inline(client, uri, 1, 7)
+    assert texts(second) == ["42"]
+    assert await first is None
+    statuses = [s for s in client.statuses[seen:]]  # type: ignore[attr-defined]
+    outcomes = sorted(field_of(s, "outcome") for s in statuses)
+    assert outcomes == ["ok", "superseded"]
+    superseded = next(s for s in statuses if field_of(s, "outcome") == "superseded")
+    assert field_of(superseded, "steps_done") < 24  # it stopped at a step, not at the end
+
+
+async def test_cancel_request_stops_the_fill_at_its_next_step(client: LanguageClient):
+    uri = "file:///exact/cancelled.py"
+    open_document(client, uri, "slow = \n")
+    seen = len(client.statuses)  # type: ignore[attr-defined]
+    params = types.InlineCompletionParams(
+        context=types.InlineCompletionContext(trigger_kind=types.InlineCompletionTriggerKind.Invoked),
+        text_document=types.TextDocumentIdentifier(uri=uri), position=types.Position(line=0, character=7))
+    future = client.protocol.send_request(types.TEXT_DOCUMENT_INLINE_COMPLETION, params, msg_id="cancel-me")
+    await asyncio.sleep(fake_engine.SLOW_STEP_SECONDS * 3)
+    client.protocol.notify(types.CANCEL_REQUEST, types.CancelParams(id="cancel-me"))
+    with pytest.raises(Exception):  # noqa: B017 - pygls answers with a RequestCancelled error
+        await asyncio.wait_for(asyncio.wrap_future(future), WAIT)
+    status = await status_after(client, seen, types.TEXT_DOCUMENT_INLINE_COMPLETION)
+    assert field_of(status, "outcome") == "cancelled"
+    assert field_of(status, "steps_done") < 24
+    assert sorted(texts(await inline(client, "file:///exact/add.py", 1, 11))) == ["a + b", "b + a"]  # still serving
+
+
+async def test_rewrite_of_a_selection_is_a_versioned_edit_that_keeps_the_file_parseable(client: LanguageClient):
+    uri = "file:///exact/rewrite.py"
+    text = "def sub(a, b):\n    return a + b\n"
+    open_document(client, uri, text, version=3)
+    selection = types.Range(start=types.Position(1, 11), end=types.Position(1, 16))
+    actions = await asyncio.wait_for(client.text_document_code_action_async(types.CodeActionParams(
+        text_document=types.TextDocumentIdentifier(uri=uri), range=selection,
+        context=types.CodeActionContext(diagnostics=[]))), WAIT)
+    rewrite = next(a for a in actions if a.title.startswith("Rewrite selection"))
+    assert rewrite.kind == types.CodeActionKind.RefactorRewrite
+    resolved = await asyncio.wait_for(client.code_action_resolve_async(rewrite), WAIT)
+    new_text = apply_workspace_edit(text, uri, resolved.edit, encoding(client))
+    assert new_text == "def sub(a, b):\n    return a - b\n"
+    assert problems(new_text) == []
+    if resolved.edit.document_changes:
+        assert resolved.edit.document_changes[0].text_document.version == 3
+
+
+async def test_rewrite_command_with_an_instruction_applies_its_edit(client: LanguageClient):
+    uri = "file:///exact/instruction.py"
+    text = "def add(a, b):\n    return a - b\n"
+    open_document(client, uri, text)
+    selection = {"start": {"line": 1, "character": 11}, "end": {"line": 1, "character": 16}}
+    edit = await asyncio.wait_for(client.workspace_execute_command_async(types.ExecuteCommandParams(
+        command="diffill.rewrite", arguments=[uri, selection, "make it a product"])), WAIT)
+    assert edit is not None
+    for _ in range(100):
+        if client.applied_edits:  # type: ignore[attr-defined]
+            break
+        await asyncio.sleep(0.05)
+    applied = apply_workspace_edit(text, uri, client.applied_edits[-1], encoding(client))  # type: ignore[attr-defined]
+    assert applied == "def add(a, b):\n    return a * b\n"
+
+
+async def test_refine_keeps_the_tokens_the_model_is_sure_of(client: LanguageClient):
+    uri = "file:///exact/refine.py"
+    text = "def sub(a, b):\n    return a * b\n"
+    open_document(client, uri, text)
+    selection = {"start": {"line": 1, "character": 11}, "end": {"line": 1, "character": 16}}
+    edit = await asyncio.wait_for(client.workspace_execute_command_async(types.ExecuteCommandParams(
+        command="diffill.refine", arguments=[uri, selection])), WAIT)
+    edit = edit if isinstance(edit, types.WorkspaceEdit) else None
+    if edit is None:  # the command's result comes back as plain JSON: look at what the server applied
+        edit = client.applied_edits[-1]  # type: ignore[attr-defined]
+    assert apply_workspace_edit(text, uri, edit, encoding(client)) == "def sub(a, b):\n    return a - b\n"
+
+
+async def test_quick_fix_adds_the_missing_closing_bracket(client: LanguageClient):
+    uri = "file:///exact/bracket.py"
+    text = "x = foo(1, 2\ny = 3\n"
+    open_document(client, uri, text)
+    for _ in range(WAIT * 20):
+        if client.diagnostics.get(uri):
+            break
+        await asyncio.sleep(0.05)
+    diagnostics = client.diagnostics[uri]
+    bracket = next(d for d in diagnostics if d.message == "unclosed '('")
+    actions = await asyncio.wait_for(client.text_document_code_action_async(types.CodeActionParams(
+        text_document=types.TextDocumentIdentifier(uri=uri), range=bracket.range,
+        context=types.CodeActionContext(diagnostics=[bracket]))), WAIT)
+    fixes = [a for a in actions if a.kind == types.CodeActionKind.QuickFix]
+    assert len(fixes) == 1
+    fixed = apply_workspace_edit(text, uri, fixes[0].edit, encoding(client))
+    assert fixed == "x = foo(1, 2)\ny = 3\n"
+    assert problems(fixed) == []
+
+
+async def test_no_quick_fix_is_offered_when_the_model_cannot_repair(client: LanguageClient):
+    uri = "file:///exact/unfixable.py"
+    text = "z = bar(1, 2\nw = 4\n"  # no rule: the model writes nothing useful here
+    open_document(client, uri, text)
+    for _ in range(WAIT * 20):
+        if client.diagnostics.get(uri):
+            break
+        await asyncio.sleep(0.05)
+    diagnostics = list(client.diagnostics[uri])
+    actions = await asyncio.wait_for(client.text_document_code_action_async(types.CodeActionParams(
+        text_document=types.TextDocumentIdentifier(uri=uri), range=diagnostics[0].range,
+        context=types.CodeActionContext(diagnostics=diagnostics))), WAIT)
+    assert not [a for a in actions or [] if a.kind == types.CodeActionKind.QuickFix]
+
+
+async def test_fill_here_replaces_a_placeholder_body(client: LanguageClient):
+    uri = "file:///exact/placeholder.py"
+    text = "def mean(values):\n    pass\n"
+    open_document(client, uri, text)
+    actions = await asyncio.wait_for(client.text_document_code_action_async(types.CodeActionParams(
+        text_document=types.TextDocumentIdentifier(uri=uri),
+        range=types.Range(start=types.Position(1, 5), end=types.Position(1, 5)),
+        context=types.CodeActionContext(diagnostics=[]))), WAIT)
+    fill = next(a for a in actions if a.title.startswith("Fill here"))
+    resolved = await asyncio.wait_for(client.code_action_resolve_async(fill), WAIT)
+    assert apply_workspace_edit(text, uri, resolved.edit, encoding(client)) == (
+        "def mean(values):\n    return sum(values) / len(values)\n")
+
+
+async def test_an_edit_for_an_old_version_is_refused(client: LanguageClient):
+    uri = "file:///exact/outdated.py"
+    text = "def slow_rewrite():\n    return None\n"
+    open_document(client, uri, text, version=1)
+    seen = len(client.statuses)  # type: ignore[attr-defined]
+    selection = {"start": {"line": 1, "character": 11}, "end": {"line": 1, "character": 15}}
+    running = asyncio.ensure_future(client.workspace_execute_command_async(types.ExecuteCommandParams(
+        command="diffill.rewrite", arguments=[uri, selection])))
+    await asyncio.sleep(fake_engine.SLOW_STEP_SECONDS * 3)
+    change_document(client, uri, "def slow_rewrite():\n    return None  # edited\n", 2)
+    assert await asyncio.wait_for(running, WAIT) is None
+    status = await status_after(client, seen, types.WORKSPACE_EXECUTE_COMMAND)
+    assert field_of(status, "outcome") == "changed"
+    # an action offered for version 1, resolved now that the document is at version 2: no edit
+    stale = types.CodeAction(title="Rewrite selection (diffill)", kind=types.CodeActionKind.RefactorRewrite, data={
+        "diffill": "rewrite", "uri": uri, "version": 1, "instruction": None,
+        "range": {"start": {"line": 1, "character": 11}, "end": {"line": 1, "character": 15}}})
+    resolved = await asyncio.wait_for(client.code_action_resolve_async(stale), WAIT)
+    assert resolved.edit is None
+
+
+async def test_debug_info_says_torch_was_not_loaded_at_initialize(client: LanguageClient):
+    info = await debug_info(client)
+    assert field_of(info, "torch_loaded_at_initialize") is False
+    assert field_of(info, "torch_loaded") is True  # the model has loaded since

@@ -1,0 +1,229 @@
+"""`diffill serve` end to end with a real (tiny, random) checkpoint: protocol shapes and bad input.
+
+A random model writes garbage, so these tests assert what must hold for any output: answers have the right LSP
+shape and position, a suggestion never adds a syntax problem (the gate), mid-line suggestions are one line, and
+every bad input gets an empty answer or a JSON-RPC error while the server keeps serving. Plain-text documents (no
+grammar: only the bracket check applies) get suggestions from such a model often, so the properties are exercised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import pytest_lsp
+from lsprotocol import types
+from pygls.exceptions import JsonRpcException
+from pytest_lsp import ClientServerConfig, LanguageClient
+
+from tests.lsp.conftest import (
+    CLIENTS,
+    SERVER_ENV,
+    WAIT,
+    apply_text_edits,
+    apply_workspace_edit,
+    complete,
+    debug_info,
+    encoding_of,
+    field_of,
+    inline,
+    offset_of,
+    open_document,
+    problems,
+    send_raw,
+    serve_command,
+    start,
+    status_after,
+    wait_until_loaded,
+)
+
+pytestmark = pytest.mark.asyncio
+
+PROSE = "the quick brown fox jumps over the lazy dog and then the dog sleeps again\n" * 4
+EMOJI_LINE = "s = '😀😀' + name\n"
+
+
+@pytest_lsp.fixture(config=ClientServerConfig(serve_command(), server_env=SERVER_ENV), scope="module", params=CLIENTS)
+async def client(lsp_client: LanguageClient, request: pytest.FixtureRequest, tiny_checkpoint):
+    settings = {
+        "model": {"path": str(tiny_checkpoint), "threads": 1},
+        "completion": {"debounceMs": 0, "candidates": 3, "maxTokens": 12, "lineTokens": 8},
+        "rewrite": {"maxTokens": 16},
+        "diagnostics": {"debounceMs": 0},
+    }
+    lsp_client.init_result = await start(lsp_client, request.param, settings)  # type: ignore[attr-defined]
+    lsp_client.client_name = request.param  # type: ignore[attr-defined]
+    info = await wait_until_loaded(lsp_client)
+    assert field_of(info, "state") == "ready", field_of(info, "message")
+    yield
+    await lsp_client.shutdown_session()
+
+
+def encoding(client: LanguageClient) -> str:
+    return encoding_of(client.init_result)  # type: ignore[attr-defined]
+
+
+def items_of(result) -> list:
+    if result is None:
+        return []
+    return list(result.items) if hasattr(result, "items") else list(result)
+
+
+async def test_capabilities_advertise_every_feature(client: LanguageClient):
+    capabilities = client.init_result.capabilities  # type: ignore[attr-defined]
+    assert capabilities.inline_completion_provider is not None
+    assert capabilities.completion_provider is not None
+    assert capabilities.code_action_provider.resolve_provider is True
+    assert {"diffill.rewrite", "diffill.refine", "diffill.fill"} <= set(capabilities.execute_command_provider.commands)
+    expected = "utf-8" if client.client_name == "neovim" else "utf-16"  # type: ignore[attr-defined]
+    assert encoding(client) == expected  # the client's first preference (Neovim 0.11 offers UTF-8 first)
+
+
+async def test_model_loading_was_reported_as_progress(client: LanguageClient):
+    reports = [values for token, values in client.progress_reports.items() if str(token).startswith("diffill-load")]
+    assert reports, "no $/progress for loading the model"
+    values = [getattr(v, "value", v) for v in reports[0]]
+    assert isinstance(values[0], types.WorkDoneProgressBegin)
+    assert isinstance(values[-1], types.WorkDoneProgressEnd) and values[-1].message == "Model ready"
+
+
+async def test_ghost_text_never_adds_a_syntax_problem(client: LanguageClient):
+    uri = "file:///tiny/add.py"
+    text = "def add(a, b):\n    return \n\nprint(add(1, 2))\n"
+    open_document(client, uri, text)
+    seen = len(client.statuses)  # type: ignore[attr-defined]
+    result = await inline(client, uri, 1, 11)
+    for item in items_of(result):
+        edited = apply_text_edits(text, [types.TextEdit(range=item.range, new_text=item.insert_text)], encoding(client))
+        assert problems(edited) == []
+    status = await status_after(client, seen, types.TEXT_DOCUMENT_INLINE_COMPLETION)
+    assert field_of(status, "outcome") in ("ok", "empty")
+    assert field_of(status, "forward_passes") >= 1
+
+
+async def test_ghost_text_in_plain_text_at_a_line_end_and_mid_line(client: LanguageClient):
+    uri = "file:///tiny/notes.txt"
+    open_document(client, uri, PROSE, language="plaintext")
+    shown = 0
+    for line, character in ((0, 73), (1, 9), (2, 30), (3, 73)):
+        result = await inline(client, uri, line, character)
+        for item in items_of(result):
+            shown += 1
+            assert item.range.start == types.Position(line, character) == item.range.end
+            if character < 73:
+                assert "\n" not in item.insert_text  # mid-line: one line
+            edited = apply_text_edits(PROSE, [types.TextEdit(range=item.range, new_text=item.insert_text)],
+                                      encoding(client))
+            assert problems(edited, "plaintext") == problems(PROSE, "plaintext")  # no unbalanced bracket added
+    assert shown > 0, "the tiny model's fills never passed in plain text: the properties went unchecked"
+
+
+async def test_completion_items_are_labelled_and_insert_at_the_cursor(client: LanguageClient):
+    uri = "file:///tiny/words.txt"
+    open_document(client, uri, "the quick brown fo\n", language="plaintext")
+    result = await complete(client, uri, 0, 18)
+    assert result is None or isinstance(result, types.CompletionList) and result.is_incomplete
+    for item in items_of(result):
+        assert item.label_details.description == "diffill"
+        assert item.text_edit.range == types.Range(start=types.Position(0, 16), end=types.Position(0, 18))
+        assert item.text_edit.new_text.startswith("fo")
+
+
+async def test_rewrite_returns_an_edit_that_keeps_the_file_parseable_or_nothing(client: LanguageClient):
+    for uri, text, language, selection in (
+        ("file:///tiny/rewrite.py", "def add(a, b):\n    return a + b\n", "python", ((1, 11), (1, 16))),
+        ("file:///tiny/rewrite.txt", PROSE, "plaintext", ((1, 4), (1, 19))),
+    ):
+        open_document(client, uri, text, language=language, version=7)
+        action = types.CodeAction(title="Rewrite selection (diffill)", data={
+            "diffill": "rewrite", "uri": uri, "version": 7, "instruction": None,
+            "range": {"start": {"line": selection[0][0], "character": selection[0][1]},
+                      "end": {"line": selection[1][0], "character": selection[1][1]}}})
+        resolved = await asyncio.wait_for(client.code_action_resolve_async(action), WAIT)
+        if resolved.edit is not None:
+            edited = apply_workspace_edit(text, uri, resolved.edit, encoding(client))
+            assert problems(edited, language) == problems(text, language)
+            start = offset_of(text, types.Position(*selection[0]), encoding(client))
+            end = offset_of(text, types.Position(*selection[1]), encoding(client))
+            assert edited.startswith(text[:start]) and edited.endswith(text[end:])  # only the selection changed
+
+
+async def test_unknown_documents_and_positions_outside_the_document_get_nothing(client: LanguageClient):
+    assert await inline(client, "file:///tiny/never-opened.py", 0, 0) is None
+    assert await complete(client, "file:///tiny/never-opened.py", 0, 0) is None
+    uri = "file:///tiny/short.py"
+    open_document(client, uri, "x = 1\n")
+    seen = len(client.statuses)  # type: ignore[attr-defined]
+    assert await inline(client, uri, 40, 0) is None  # past the last line
+    assert field_of(await status_after(client, seen), "outcome") == "invalid"
+    for item in items_of(await inline(client, uri, 0, 400)):  # past the end of the line: the end of the line
+        assert item.range.start == types.Position(0, 5)
+
+
+async def test_positions_inside_a_surrogate_pair_are_moved_to_the_character_start(client: LanguageClient):
+    uri = "file:///tiny/emoji.py"
+    open_document(client, uri, EMOJI_LINE)
+    widths = {"utf-8": 4, "utf-16": 2, "utf-32": 1}
+    width = widths[encoding(client)]
+    boundaries = {5 + k * width for k in range(3)} | set(range(5)) | {5 + 2 * width + k for k in range(9)}
+    for character in range(5 + 2 * width + 9):
+        result = await inline(client, uri, 0, character)
+        for item in items_of(result):
+            assert item.range.start.character in boundaries
+            assert item.range.start.character <= character
+    assert (await debug_info(client)) is not None  # still serving
+
+
+async def test_a_language_without_a_grammar_is_served_without_diagnostics(client: LanguageClient):
+    uri = "file:///tiny/program.cbl"
+    open_document(client, uri, "       IDENTIFICATION DIVISION.\n       PROGRAM-ID. HELLO.\n", language="cobol")
+    result = await inline(client, uri, 1, 25)
+    assert result is None or isinstance(result, types.InlineCompletionList)
+    await asyncio.sleep(0.3)
+    assert not client.diagnostics.get(uri)
+
+
+async def test_a_five_megabyte_document_is_served(client: LanguageClient):
+    uri = "file:///tiny/huge.py"
+    block = "def add(a, b):\n    return a + b\n\n\n"
+    text = block * (5_000_000 // len(block)) + "result = "
+    open_document(client, uri, text)
+    seen = len(client.statuses)  # type: ignore[attr-defined]
+    result = await inline(client, uri, text.count("\n"), 9)
+    assert result is None or isinstance(result, types.InlineCompletionList)
+    assert field_of(await status_after(client, seen), "outcome") in ("ok", "empty")
+    seen = len(client.statuses)  # type: ignore[attr-defined]
+    await inline(client, "file:///tiny/add.py", 1, 11)  # and the next request is served
+    assert field_of(await status_after(client, seen), "uri") == "file:///tiny/add.py"
+
+
+async def test_malformed_settings_are_reported_and_defaults_used(client: LanguageClient):
+    shown = len(client.messages)
+    client.workspace_did_change_configuration(types.DidChangeConfigurationParams(settings={"diffill": {
+        "completion": {"candidates": "many", "debounceMs": 0, "maxTokens": 12, "lineTokens": 8},
+        "bogus": True, "model": {"path": field_of((await debug_info(client)), "settings")["model"]["path"],
+                                  "threads": 1}}}))
+    for _ in range(WAIT * 20):
+        if len(client.messages) >= shown + 2:
+            break
+        await asyncio.sleep(0.05)
+    text = " ".join(m.message for m in client.messages[shown:])
+    assert "'completion.candidates'" in text and "'bogus'" in text
+    info = await debug_info(client)
+    assert field_of(info, "settings")["completion"]["candidates"] == 2  # the default
+    assert field_of(info, "state") == "ready"  # the model did not change, so it was not reloaded
+
+
+async def test_malformed_requests_get_a_json_rpc_error_and_the_server_goes_on(client: LanguageClient):
+    with pytest.raises(JsonRpcException):  # the server's JSON-RPC error
+        await asyncio.wait_for(client.workspace_execute_command_async(types.ExecuteCommandParams(
+            command="diffill.rewrite", arguments=["file:///tiny/add.py"])), WAIT)
+    with pytest.raises(JsonRpcException):
+        await asyncio.wait_for(client.workspace_execute_command_async(types.ExecuteCommandParams(
+            command="diffill.refine", arguments=["file:///tiny/add.py", {"start": "nowhere"}])), WAIT)
+    with pytest.raises(JsonRpcException):  # params that are not InlineCompletionParams
+        await send_raw(client, {"id": "raw-1", "method": types.TEXT_DOCUMENT_INLINE_COMPLETION,
+                                "params": {"textDocument": {"uri": 5}}})
+    with pytest.raises(JsonRpcException):  # a method nobody implements
+        await send_raw(client, {"id": "raw-2", "method": "diffill/noSuchMethod", "params": {}})
+    assert field_of(await debug_info(client), "state") == "ready"

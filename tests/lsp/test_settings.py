@@ -1,0 +1,74 @@
+"""Settings: nested defaults, one message per bad key, and every setting documented in the README."""
+
+from __future__ import annotations
+
+import re
+
+from lsp_server.settings import Settings, concerns_us, documented_settings, parse_settings
+from tests.lsp.conftest import ROOT
+
+
+def test_no_settings_means_every_default():
+    assert parse_settings(None) == (Settings(), [])
+    assert parse_settings({}) == (Settings(), [])
+
+
+def test_camel_case_snake_case_and_the_diffill_section_are_all_read():
+    settings, problems = parse_settings({"diffill": {"model": {"trustRemoteCode": True, "path": "/m"},
+                                                     "completion": {"debounce_ms": 0}, "languages": ["Python"]}})
+    assert problems == []
+    assert settings.model.trust_remote_code and settings.model.path == "/m"
+    assert settings.completion.debounce_ms == 0
+    assert settings.enabled_for("python") and not settings.enabled_for("rust")
+
+
+def test_the_model_shorthand_is_a_path():
+    assert parse_settings({"model": "/models/small"})[0].model.path == "/models/small"
+
+
+def test_each_bad_key_is_named_and_keeps_its_default():
+    settings, problems = parse_settings({
+        "completion": {"candidates": 0, "maxTokens": "many", "enabled": "yes"},
+        "model": {"device": "gpu", "dtype": "int4", "family": "gpt"},
+        "engine": {"mode": "remote"},
+        "rewrite": {"keepAbove": 2},
+        "context": 5,
+        "colour": "blue",
+    })
+    assert settings == Settings()
+    named = " ".join(problems)
+    for key in ("completion.candidates", "completion.maxTokens", "completion.enabled", "model.device", "model.dtype",
+                "model.family", "engine.mode", "rewrite.keepAbove", "context", "colour"):
+        assert f"'{key}'" in named
+    assert len(problems) == 10
+
+
+def test_good_keys_next_to_bad_ones_are_kept():
+    settings, problems = parse_settings({"completion": {"candidates": 99, "maxTokens": 32}})
+    assert settings.completion.max_tokens == 32 and settings.completion.candidates == 2
+    assert len(problems) == 1
+
+
+def test_settings_that_are_not_an_object_are_refused():
+    settings, problems = parse_settings(["model"])
+    assert settings == Settings() and "JSON object" in problems[0]
+
+
+def test_the_engine_modes_of_later_issues_are_accepted():
+    for mode in ("inprocess", "shared", "auto"):
+        assert parse_settings({"engine": {"mode": mode}})[0].engine.mode == mode
+
+
+def test_every_setting_is_in_the_readme_with_its_default():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## Language server") :]
+    section = section[: section.index("\n## ", 3)]
+    rows = dict(re.findall(r"^\| `([A-Za-z.]+)` \| `([^`]*)` \|", section, flags=re.MULTILINE))
+    assert rows == dict(documented_settings())
+
+
+def test_settings_pushed_for_other_servers_are_not_ours():
+    assert concerns_us({"diffill": {}}) and concerns_us({"completion": {"candidates": 3}})
+    assert not concerns_us({"python": {"analysis": {}}, "rust-analyzer": {}})
+    assert concerns_us(["not", "an", "object"])  # reported as malformed rather than ignored
+    assert not concerns_us(None) and not concerns_us({})  # nothing pushed: the settings in force stay
