@@ -82,7 +82,6 @@ def parse_target(target: str, hole_marker: str | None) -> Hole:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     from infill_engine.loading import FAMILIES
-    from infill_engine.sampler import COMMIT_RULES, ORDERS
 
     parser = argparse.ArgumentParser(prog="diffill", description="Code infilling with a diffusion language model.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log what happens to standard error")
@@ -105,8 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     fill.add_argument("--candidates", type=int, default=1, help="canvases denoised in one batch (default: 1)")
     fill.add_argument("--steps", type=int, help="denoising steps per block (default: the family's)")
     fill.add_argument("--block-size", type=int, help="positions per block (default: the family's)")
-    fill.add_argument("--commit", choices=COMMIT_RULES, help="commit rule (default: the family's)")
-    fill.add_argument("--order", choices=ORDERS, help="unmasking order (default: confidence)")
+    fill.add_argument("--commit", help="threshold, schedule or entropy_bound (default: the family's)")
+    fill.add_argument("--order", help="confidence, margin, entropy or random (default: confidence)")
     fill.add_argument("--threshold", type=float, help="confidence a position needs with --commit threshold")
     fill.add_argument("--temperature", type=float, help="sampling temperature (0 = greedy)")
     fill.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")

@@ -36,6 +36,8 @@ class InfillRequest:
     candidates: int = 1  # canvases denoised together in one batch
     gate: bool = True  # drop candidates that add syntax problems (after trying to repair them)
     seed: int | None = None  # overrides SamplerConfig.seed
+    single_line: bool = False  # the fill ends at its first line break (ghost text in the middle of a line)
+    repair_rounds: int | None = None  # overrides the engine's repair budget (0: reject without repairing)
 
     def validate(self) -> None:
         """Raise ValueError saying what is wrong and what is allowed."""
@@ -45,6 +47,8 @@ class InfillRequest:
             raise ValueError(f"max_tokens must be an integer from 1 to {MAX_SPAN_TOKENS} (got {self.max_tokens!r})")
         if not isinstance(self.candidates, int) or not 1 <= self.candidates <= MAX_CANDIDATES:
             raise ValueError(f"candidates must be an integer from 1 to {MAX_CANDIDATES} (got {self.candidates!r})")
+        if self.repair_rounds is not None and (not isinstance(self.repair_rounds, int) or self.repair_rounds < 0):
+            raise ValueError(f"repair_rounds must be an integer >= 0 (got {self.repair_rounds!r})")
 
 
 @dataclass
@@ -118,34 +122,30 @@ class InfillEngine:
         config = self.sampler if request.seed is None else replace(self.sampler, seed=request.seed)
         with stats.timed("total"):
             with stats.timed("tokenize"):
-                trimmed = trim_context(self.denoiser.tokenizer, request.prefix, request.suffix, self._budget(request))
+                trimmed = trim_context(
+                    self.denoiser.tokenizer, request.prefix, request.suffix, self.context_budget(request.max_tokens)
+                )
             span = denoise_span(
                 self.denoiser, trimmed.prefix_ids, trimmed.suffix_ids, request.max_tokens, config,
                 batch_size=request.candidates, stats=stats, on_step=on_step,
             )
-            candidates = self._decode(span)
+            candidates = self._decode(span, request.single_line)
+            document = request.prefix + request.suffix
+            hole = len(request.prefix)
             if request.gate:
-                with stats.timed("gate"):
-                    for candidate in candidates:
-                        candidate.gate = syntax.check_fill(
-                            request.prefix + request.suffix, len(request.prefix), len(request.prefix),
-                            candidate.text, language,
-                        )
+                self._gate(document, hole, hole, candidates, language, stats)
+                rounds = self.repair_rounds if request.repair_rounds is None else request.repair_rounds
                 with stats.timed("repair"):
-                    self._repair(request, trimmed.prefix_ids, trimmed.suffix_ids, candidates, language, config, stats)
-        passing = [c for c in candidates if c.passed]
-        rejected = [c for c in candidates if not c.passed]
-        passing.sort(key=lambda c: (syntax.rank_key(c.gate) if c.gate else (), -c.score))
-        best = passing[0] if passing else (candidates[0] if candidates else None)
-        stats.tokens_generated = len(best.token_ids) if best else 0
-        return InfillResult(_unique(passing), rejected, stats)
+                    self._repair(request, trimmed.prefix_ids, trimmed.suffix_ids, candidates, language, config, stats,
+                                 rounds)
+        return _ranked(candidates, stats)
 
-    def _budget(self, request: InfillRequest) -> ContextConfig:
-        """The context budget, shrunk so that prefix, span and suffix fit the model's positions."""
-        room = self.denoiser.max_positions - request.max_tokens - 2
+    def context_budget(self, span_tokens: int) -> ContextConfig:
+        """The context budget for a span, shrunk so that prefix, span and suffix fit the model's positions."""
+        room = self.denoiser.max_positions - span_tokens - 2
         if room < 0:
             raise ValueError(
-                f"max_tokens {request.max_tokens} does not fit this model's {self.denoiser.max_positions} positions"
+                f"a span of {span_tokens} tokens does not fit this model's {self.denoiser.max_positions} positions"
             )
         prefix_tokens, suffix_tokens = self.context.prefix_tokens, self.context.suffix_tokens
         if prefix_tokens + suffix_tokens > room:
@@ -153,8 +153,16 @@ class InfillEngine:
             prefix_tokens = room - suffix_tokens
         return ContextConfig(prefix_tokens=prefix_tokens, suffix_tokens=suffix_tokens)
 
-    def _decode(self, span: DenoisedSpan) -> list[Candidate]:
-        """Cut each row at its first end-of-span token and turn it into text."""
+    def _gate(
+        self, document: str, start: int, end: int, candidates: list[Candidate], language: str | None, stats: FillStats
+    ) -> None:
+        """Check every candidate in place of document[start:end]."""
+        with stats.timed("gate"):
+            for candidate in candidates:
+                candidate.gate = syntax.check_fill(document, start, end, candidate.text, language)
+
+    def _decode(self, span: DenoisedSpan, single_line: bool = False) -> list[Candidate]:
+        """Cut each row at its first end-of-span token (and line break, for single-line fills) and make it text."""
         end_ids = set(self.denoiser.special.end_of_span_ids)
         never = set(self.denoiser.special.ids_never_generated)
         candidates = []
@@ -166,9 +174,23 @@ class InfillEngine:
                 if token not in never:
                     kept.append(token)
                     kept_probs.append(prob)
+            if single_line:
+                kept, kept_probs = self._first_line(kept, kept_probs)
             score = sum(math.log(max(p, 1e-12)) for p in kept_probs) / max(len(kept_probs), 1)
             candidates.append(Candidate(self._text(kept), kept, score))
         return candidates
+
+    def _first_line(self, token_ids: list[int], probs: list[float]) -> tuple[list[int], list[float]]:
+        """The tokens up to the first line break; a token holding the break is cut there and kept if text remains."""
+        for index in range(len(token_ids)):
+            text = self._text(token_ids[: index + 1])
+            if "\n" in text:
+                head = text[: text.index("\n")]
+                if head == self._text(token_ids[:index]):
+                    return token_ids[:index], probs[:index]
+                head_ids = self.denoiser.tokenizer(head, add_special_tokens=False)["input_ids"]
+                return head_ids, probs[: len(head_ids)]
+        return token_ids, probs
 
     def _text(self, token_ids: list[int]) -> str:
         """Decode span tokens exactly (no clean-up of spaces: code keeps its whitespace)."""
@@ -183,12 +205,13 @@ class InfillEngine:
         language: str | None,
         config: SamplerConfig,
         stats: FillStats,
+        rounds: int,
     ) -> None:
-        """Re-noise the tokens around each new syntax problem and denoise them again, a bounded number of times."""
+        """Re-noise the tokens around each new syntax problem and denoise them again, at most `rounds` times."""
         document = request.prefix + request.suffix
         start = len(request.prefix)
         end_id = self.denoiser.special.end_of_span_ids[0] if self.denoiser.special.end_of_span_ids else None
-        for round_index in range(self.repair_rounds):
+        for round_index in range(rounds):
             failing = [c for c in candidates if c.gate is not None and not c.gate.ok and c.token_ids]
             if not failing:
                 return
@@ -214,7 +237,7 @@ class InfillEngine:
                 batch_size=len(failing), stats=stats, initial=initial, frozen=frozen,
             )
             stats.repairs += 1
-            for candidate, repaired in zip(failing, self._decode(span)):
+            for candidate, repaired in zip(failing, self._decode(span, request.single_line)):
                 gate = syntax.check_fill(document, start, start, repaired.text, language)
                 if syntax.rank_key(gate) <= syntax.rank_key(candidate.gate):
                     candidate.text, candidate.token_ids, candidate.score = repaired.text, repaired.token_ids, repaired.score
@@ -249,9 +272,9 @@ class InfillEngine:
         is judged with most of its neighbours visible) and those the model gives less than `keep_above` are
         re-noised; tokens overlapping a `renoise` character range of `original` (one token of margin) are re-noised
         too; the others stay as they are. `grow` free positions after the text let it grow (a missing closing
-        bracket) or stay empty. The span can only end in those positions: a re-noised position inside the text is
-        given a token, so the kept tokens after it survive. Candidates are gated against the document with
-        `original` in place. `request.max_tokens` is not used: the span is the text's tokens plus `grow`.
+        bracket) or stay empty. The span cannot end before its last kept token (the sampler forbids it), so kept tokens
+        survive. Candidates are gated against the document with `original` in place. `request.max_tokens` is not
+        used: the span is the text's tokens plus `grow`.
         """
         request.validate()
         special = self.denoiser.special
@@ -262,13 +285,14 @@ class InfillEngine:
             raise ValueError("there is nothing to refine: the text is empty")
         if length > MAX_SPAN_TOKENS:
             raise ValueError(f"the text has {len(ids)} tokens; refine handles at most {MAX_SPAN_TOKENS - grow}")
-        sized = replace(request, max_tokens=length)
         stats = FillStats(candidates=request.candidates, canvas_positions=length)
         language = syntax.language_for(request.language) if request.language else None
         config = self.sampler if request.seed is None else replace(self.sampler, seed=request.seed)
         with stats.timed("total"):
             with stats.timed("tokenize"):
-                trimmed = trim_context(self.denoiser.tokenizer, request.prefix, request.suffix, self._budget(sized))
+                trimmed = trim_context(
+                    self.denoiser.tokenizer, request.prefix, request.suffix, self.context_budget(length)
+                )
             end_id = special.end_of_span_ids[0] if grow else 0
             initial = torch.tensor(ids + [end_id] * grow, dtype=torch.long)  # (N,)
             free = torch.zeros(length, dtype=torch.bool)  # (N,) positions decided again
@@ -284,22 +308,15 @@ class InfillEngine:
                 stats.context_encodes += 1
                 free[: len(ids)] |= confidence < keep_above
             span = denoise_span(
-                _EndsOnlyAfter(self.denoiser, len(ids)), trimmed.prefix_ids, trimmed.suffix_ids, length, config,
+                self.denoiser, trimmed.prefix_ids, trimmed.suffix_ids, length, config,
                 batch_size=request.candidates, stats=stats, on_step=on_step, initial=initial, frozen=~free,
             )
-            candidates = self._decode(span)
+            candidates = self._decode(span, request.single_line)
             if request.gate:
-                with stats.timed("gate"):
-                    document = request.prefix + original + request.suffix
-                    start, end = len(request.prefix), len(request.prefix) + len(original)
-                    for candidate in candidates:
-                        candidate.gate = syntax.check_fill(document, start, end, candidate.text, language)
-        passing = [c for c in candidates if c.passed]
-        rejected = [c for c in candidates if not c.passed]
-        passing.sort(key=lambda c: (syntax.rank_key(c.gate) if c.gate else (), -c.score))
-        best = passing[0] if passing else (candidates[0] if candidates else None)
-        stats.tokens_generated = len(best.token_ids) if best else 0
-        return InfillResult(_unique(passing), rejected, stats)
+                start = len(request.prefix)
+                self._gate(request.prefix + original + request.suffix, start, start + len(original), candidates,
+                           language, stats)
+        return _ranked(candidates, stats, rewritten=int(free.sum()))
 
     def _token_ranges(self, text: str, char_ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
         """Token index ranges of `text` that overlap each character range, with one token of margin each side."""
@@ -346,6 +363,21 @@ def default_sampler_for(denoiser: Denoiser) -> SamplerConfig:
     return SamplerConfig()
 
 
+def _ranked(candidates: list[Candidate], stats: FillStats, rewritten: int | None = None) -> InfillResult:
+    """Passing candidates best first (fewer problems, then surer), the rejected ones, and the counters.
+
+    `rewritten` is the number of positions the model decided (refine keeps the others); by default the best
+    candidate's length.
+    """
+    passing = [c for c in candidates if c.passed]
+    rejected = [c for c in candidates if not c.passed]
+    passing.sort(key=lambda c: (syntax.rank_key(c.gate) if c.gate else (), -c.score))
+    best = passing[0] if passing else (candidates[0] if candidates else None)
+    decided = len(best.token_ids) if best else 0
+    stats.tokens_generated = decided if rewritten is None else min(decided, rewritten)
+    return InfillResult(_unique(passing), rejected, stats)
+
+
 def _unique(candidates: list[Candidate]) -> list[Candidate]:
     """Drop empty fills and later duplicates of the same text."""
     seen: set[str] = set()
@@ -355,29 +387,3 @@ def _unique(candidates: list[Candidate]) -> list[Candidate]:
             seen.add(candidate.text)
             unique.append(candidate)
     return unique
-
-
-class _EndsOnlyAfter(Denoiser):
-    """A denoiser seen through a filter: end-of-span cannot be written before position `tail` of the span."""
-
-    def __init__(self, inner: Denoiser, tail: int) -> None:
-        super().__init__(inner.model, inner.tokenizer, inner.special, inner.path)
-        self.inner, self.tail = inner, tail
-        self.family, self.noise, self.block_mode = inner.family, inner.noise, inner.block_mode
-        self.uses_self_conditioning = inner.uses_self_conditioning
-
-    def encode(self, prefix_ids, suffix_ids, span_length, batch_size):  # type: ignore[no-untyped-def]
-        """The inner denoiser's context."""
-        return self.inner.encode(prefix_ids, suffix_ids, span_length, batch_size)
-
-    def predict(self, context, canvas, self_conditioning=None):  # type: ignore[no-untyped-def]
-        """The inner logits (B, N, V), with end-of-span forbidden before `tail`."""
-        logits = self.inner.predict(context, canvas, self_conditioning)
-        if self.tail > 0 and self.special.end_of_span_ids:
-            logits = logits.clone()
-            logits[:, : self.tail, list(self.special.end_of_span_ids)] = -math.inf
-        return logits
-
-    def encode_rows(self, prefix_ids, continuation, suffix_ids, span_length):  # type: ignore[no-untyped-def]
-        """The inner denoiser's block context."""
-        return self.inner.encode_rows(prefix_ids, continuation, suffix_ids, span_length)

@@ -11,9 +11,10 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from infill_engine.adapters.base import Denoiser
+if TYPE_CHECKING:  # the adapters import torch; loading's constants and checks must not
+    from infill_engine.adapters.base import Denoiser
 
 logger = logging.getLogger(__name__)
 
@@ -110,7 +111,7 @@ def load_denoiser(
     device: str = "auto",
     dtype: str = "auto",
     trust_remote_code: bool = False,
-) -> Denoiser:
+) -> "Denoiser":
     """Load a checkpoint directory (the shipped one when `path` is None) behind the adapter of its family."""
     from infill_engine.device import choose_device, choose_dtype
 
@@ -118,13 +119,15 @@ def load_denoiser(
         path = default_model_path()
         if path is None:
             raise ModelLoadError(
-                "no model configured and this build ships no embedded model; pass a model directory (--model PATH)"
+                "no model configured and this build ships no embedded model; name a model directory (the --model "
+                "flag, or the server's model setting)"
             )
     info = inspect_model(path, family)
     if info.needs_remote_code and not trust_remote_code:
         raise ModelLoadError(
             f"{info.path} ({info.model_type}) ships its own modelling code (auto_map in config.json), which diffill "
-            "runs only when you allow it: set trust_remote_code (--trust-remote-code) if you trust this checkpoint"
+            "runs only when you allow it: turn on trust_remote_code (the --trust-remote-code flag, or the server's "
+            "trustRemoteCode setting) if you trust this checkpoint"
         )
     torch_device = choose_device(device)
     torch_dtype = choose_dtype(torch_device, dtype)
@@ -165,7 +168,7 @@ def _load_weights(info: ModelInfo, dtype: Any, trust_remote_code: bool) -> tuple
     return model, tokenizer
 
 
-def _wrap(info: ModelInfo, model: Any, tokenizer: Any) -> Denoiser:
+def _wrap(info: ModelInfo, model: Any, tokenizer: Any) -> "Denoiser":
     """The adapter object for a loaded model."""
     from infill_engine.adapters.diffill import DiffillDenoiser
     from infill_engine.adapters.diffusion_gemma import DiffusionGemmaDenoiser

@@ -218,11 +218,15 @@ def ended_rows(tokens: torch.Tensor, committed: torch.Tensor, end_ids: tuple[int
     return is_end.any(dim=-1)
 
 
-def fill_after_end(tokens: torch.Tensor, committed: torch.Tensor, end_id: int) -> None:
-    """Once a row commits an end-of-span token, every later position is settled as end-of-span (in place)."""
+def fill_after_end(
+    tokens: torch.Tensor, committed: torch.Tensor, end_id: int, frozen: torch.Tensor | None = None
+) -> None:
+    """Once a row commits an end-of-span token, every later (not frozen) position is settled as end-of-span."""
     is_end = (tokens == end_id) & committed
     after = torch.cumsum(is_end.long(), dim=-1) > 0
     after &= ~is_end
+    if frozen is not None:
+        after &= ~frozen
     tokens[after] = end_id
     committed |= after
 
@@ -262,12 +266,14 @@ def denoise_block(
             raw = suppress(raw, denoiser.special.ids_never_generated)
         if not config.allow_end_of_span:
             raw = suppress(raw, denoiser.special.end_of_span_ids)
+        raw = forbid_early_end(raw, state, denoiser.special.end_of_span_ids)
         logits = scale_logits(raw.float(), temps)
-        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)  # (B, N, V)
+        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)  # (B, N, V) at the sampling temperature
+        model_probs = probs if not bool((temps > 0).any()) else torch.softmax(raw.float(), dim=-1)  # (B, N, V)
         drawn = draw_tokens(probs, temps, generator)
         argmax = logits.argmax(dim=-1)
         scores = order_scores(probs, drawn, config.order, generator)
-        drawn_probs = probs.gather(-1, drawn[..., None]).squeeze(-1)
+        drawn_probs = model_probs.gather(-1, drawn[..., None]).squeeze(-1)  # what ranking and revision read
         token_entropy = entropy(probs)
         active = ~done[:, None] & in_window  # (B, N) positions this step may change
         free = active & ~state.committed & ~state.frozen
@@ -284,7 +290,7 @@ def denoise_block(
             state.tokens = torch.where(commit, drawn, state.tokens)
             state.probs = torch.where(commit, drawn_probs, state.probs)
             state.committed |= commit
-            revise_committed(denoiser, state, probs, argmax, active & ~commit, config, generator)
+            revise_committed(denoiser, state, model_probs, argmax, active & ~commit, config, generator)
             settle_ends(denoiser, state)
 
         # early stop: the argmax canvas is stable and the model is confident about the whole window
@@ -296,7 +302,7 @@ def denoise_block(
         if config.commit == "entropy_bound":
             state.argmax = torch.where(done[:, None], state.argmax, argmax)
         if bool(confident.any()):
-            settle_with_argmax(state, argmax, probs, confident[:, None] & in_window)
+            settle_with_argmax(state, argmax, model_probs, confident[:, None] & in_window)
             stats.stopped_early = True
         done |= confident
         if config.commit != "entropy_bound":
@@ -308,7 +314,7 @@ def denoise_block(
     if config.commit == "entropy_bound":
         settle_with_argmax(state, state.argmax, None, ~done[:, None] & in_window)
     else:
-        settle_with_argmax(state, argmax, probs, ~state.committed & in_window)
+        settle_with_argmax(state, argmax, model_probs, ~state.committed & in_window)
     return step + 1
 
 
@@ -349,7 +355,24 @@ def revise_committed(
 def settle_ends(denoiser: Denoiser, state: "CanvasState") -> None:
     """Positions after a committed end-of-span token are end-of-span too: the span has ended there."""
     if denoiser.special.end_of_span_ids:
-        fill_after_end(state.tokens, state.committed, denoiser.special.end_of_span_ids[0])
+        fill_after_end(state.tokens, state.committed, denoiser.special.end_of_span_ids[0], state.frozen)
+
+
+def forbid_early_end(logits: torch.Tensor, state: "CanvasState", end_ids: tuple[int, ...]) -> torch.Tensor:
+    """The span cannot end before a frozen (kept) token: end-of-span is forbidden up to the last frozen content."""
+    if not end_ids or not bool(state.frozen.any()):
+        return logits
+    is_end = torch.isin(state.tokens, torch.tensor(end_ids, device=state.tokens.device))
+    kept = state.frozen & ~is_end  # (B, N)
+    positions = torch.arange(kept.shape[1], device=kept.device)
+    last_kept = torch.where(kept, positions, torch.full_like(positions, -1)).max(dim=-1).values  # (B,)
+    before = positions[None, :] < last_kept[:, None]  # (B, N)
+    if not bool(before.any()):
+        return logits
+    logits = logits.clone()
+    banned = logits[..., list(end_ids)]
+    logits[..., list(end_ids)] = torch.where(before[..., None], torch.full_like(banned, -math.inf), banned)
+    return logits
 
 
 def settle_with_argmax(

@@ -93,3 +93,26 @@ def test_real_tiny_model_fills_a_five_megabyte_document(model_dirs):
     result = engine.fill(InfillRequest(body + "y = ", "\n" + body, language="python", max_tokens=8, gate=True))
     assert result.stats.forward_passes >= 1
     assert len(result.candidates) + len(result.rejected) == 1
+
+
+def test_single_line_fill_ends_at_the_first_line_break(tokenizer):
+    engine = engine_with(tokenizer, ["a + b\nprint(x)"])
+    result = engine.fill(InfillRequest("y = ", " # sum\n", language="python", max_tokens=16, single_line=True))
+    assert result.text == "a + b"
+
+
+def test_no_repair_budget_rejects_at_once(tokenizer):
+    denoiser = ScriptedDenoiser(tokenizer, ["foo(x"], later_scripts=["foo(x)"])
+    engine = InfillEngine(denoiser, sampler=SURE)
+    result = engine.fill(InfillRequest("y = ", "\n", language="python", max_tokens=8, repair_rounds=0))
+    assert result.text is None and result.stats.repairs == 0
+
+
+def test_scores_are_the_models_probabilities_not_the_sampling_temperatures(tokenizer):
+    from dataclasses import replace
+
+    denoiser = ScriptedDenoiser(tokenizer, ["x"], margin=3.0)  # p(x) is about 0.07
+    hot = InfillEngine(denoiser, sampler=replace(SURE, temperature_start=0.2, temperature_end=0.2))  # p(x) ~ 1 there
+    cold = InfillEngine(denoiser, sampler=SURE)
+    request = InfillRequest("y = ", "\n", language="python", max_tokens=4)
+    assert hot.fill(request).candidates[0].score == pytest.approx(cold.fill(request).candidates[0].score, abs=1e-4)

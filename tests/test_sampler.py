@@ -227,3 +227,14 @@ def test_first_candidate_is_the_greedy_one(model_dirs):
     batch = denoise_span(denoiser, prefix, [], 8, config, batch_size=3)
     assert torch.equal(batch.tokens[0], greedy.tokens[0])
     assert not torch.equal(batch.tokens[1], batch.tokens[0]) or not torch.equal(batch.tokens[2], batch.tokens[0])
+
+
+def test_the_span_never_ends_before_a_kept_token(tokenizer):
+    denoiser = ScriptedDenoiser(tokenizer, ["a"], margin=14.0)  # wants to end right after one token
+    keep = tokenizer.convert_tokens_to_ids("z")
+    initial = torch.tensor([0, 0, 0, keep, 0, 0])
+    frozen = torch.tensor([False, False, False, True, False, False])
+    span = denoise_span(denoiser, [], [], 6, GREEDY, initial=initial, frozen=frozen)
+    end = denoiser.special.end_of_span_ids[0]
+    assert end not in span.tokens[0, :3].tolist()
+    assert span.tokens[0, 3] == keep

@@ -6,7 +6,6 @@ import argparse
 import logging
 from pathlib import Path
 
-from infill_engine.training.train import PRESETS, TrainConfig
 
 
 def add_train_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -22,7 +21,7 @@ def add_train_parser(subparsers: argparse._SubParsersAction) -> None:
                        help="leave out the Python standard library (default: it is included)")
     train.add_argument("--bench", metavar="PATH",
                        help="evaluation data the corpus must not overlap (default: the shared HumanEval file)")
-    train.add_argument("--preset", choices=tuple(PRESETS), default="small",
+    train.add_argument("--preset", default="small",
                        help="model size and batch shape: tiny (tests), small (CPU), base (GPU) (default: small)")
     train.add_argument("--steps", type=int, help="length of the schedule in optimizer steps (default: the preset's)")
     train.add_argument("--batch-size", type=int, help="sequences per step (default: the preset's)")
@@ -44,7 +43,7 @@ def add_train_parser(subparsers: argparse._SubParsersAction) -> None:
 def run_train(args: argparse.Namespace) -> int:
     """Run `diffill train`; 0 when it finished or stopped at its limit, 130 when stopped by a signal."""
     from infill_engine.cli import UsageError
-    from infill_engine.training.train import train
+    from infill_engine.training.train import TrainConfig, train  # torch loads here, not when the parser is built
 
     # Training reports its progress: show this package's INFO lines even without --verbose.
     logging.getLogger("infill_engine.training").setLevel(logging.INFO)
