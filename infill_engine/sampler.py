@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from infill_engine.adapters.base import Denoiser, EncodedContext
+from infill_engine.request import FillCancelled  # noqa: F401 - raised by the loop, defined without torch
 from infill_engine.stats import FillStats
 
 COMMIT_RULES = ("threshold", "schedule", "entropy_bound")
@@ -46,6 +47,8 @@ class SamplerConfig:
             the others are sampled at the scheduled temperature (or at 0.7 when that is 0).
         suppress_special: never write the mask, pad or other special tokens (other than end-of-span) into a span.
         allow_end_of_span: the model may end the span early; False fills every position (a known length).
+        min_tokens: the span holds at least this many tokens before it may end (an empty fill is never offered,
+            so by default the first position cannot end it).
         seed: the random seed; the same seed and inputs give the same output.
     """
 
@@ -63,6 +66,7 @@ class SamplerConfig:
     greedy_first: bool = True
     suppress_special: bool = True
     allow_end_of_span: bool = True
+    min_tokens: int = 1
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -81,16 +85,14 @@ class SamplerConfig:
             problems.append(f"entropy_bound must be > 0 (got {self.entropy_bound!r})")
         if not 0.0 <= self.revise_below < 1.0:
             problems.append(f"revise_below must be within 0..1 (got {self.revise_below!r})")
+        if not isinstance(self.min_tokens, int) or self.min_tokens < 0:
+            problems.append(f"min_tokens must be an integer >= 0 (got {self.min_tokens!r})")
         if not isinstance(self.stability_steps, int) or self.stability_steps < 0:
             problems.append(f"stability_steps must be an integer >= 0 (got {self.stability_steps!r})")
         if self.temperature_start < 0 or self.temperature_end < 0:
             problems.append("temperatures must be >= 0")
         if problems:
             raise ValueError("; ".join(problems))
-
-
-class FillCancelled(Exception):
-    """The per-step callback asked the loop to stop."""
 
 
 @dataclass
@@ -251,6 +253,9 @@ def denoise_block(
     in_window[window] = True
     history: list[torch.Tensor] = []
     self_conditioning = None
+    # positions of this canvas that may not end the span yet (append-mode blocks number their positions from 0)
+    offset = block_index * config.block_size if denoiser.block_mode == "append" else 0
+    too_short = config.min_tokens - offset
     # a row is done when its window has nothing left to decide (entropy-bound decoding decides every step anew)
     done = torch.zeros(batch, dtype=torch.bool, device=state.tokens.device)
     if config.commit != "entropy_bound":
@@ -266,6 +271,9 @@ def denoise_block(
             raw = suppress(raw, denoiser.special.ids_never_generated)
         if not config.allow_end_of_span:
             raw = suppress(raw, denoiser.special.end_of_span_ids)
+        elif too_short > 0:
+            raw = raw.clone()
+            raw[:, :too_short, list(denoiser.special.end_of_span_ids)] = -math.inf
         raw = forbid_early_end(raw, state, denoiser.special.end_of_span_ids)
         logits = scale_logits(raw.float(), temps)
         probs = torch.softmax(logits, dim=-1, dtype=torch.float32)  # (B, N, V) at the sampling temperature

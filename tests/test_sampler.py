@@ -238,3 +238,11 @@ def test_the_span_never_ends_before_a_kept_token(tokenizer):
     end = denoiser.special.end_of_span_ids[0]
     assert end not in span.tokens[0, :3].tolist()
     assert span.tokens[0, 3] == keep
+
+
+def test_the_first_position_cannot_end_the_span(tokenizer):
+    denoiser = ScriptedDenoiser(tokenizer, [""], margin=14.0)  # the model wants an empty fill
+    end = denoiser.special.end_of_span_ids[0]
+    span = denoise_span(denoiser, [], [], 4, GREEDY)
+    assert span.tokens[0, 0] != end
+    assert (denoise_span(denoiser, [], [], 4, replace(GREEDY, min_tokens=0)).tokens[0] == end).all()
