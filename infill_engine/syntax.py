@@ -36,7 +36,8 @@ class SyntaxProblem:
 
     start: int  # character offset (Python str index)
     end: int  # exclusive character offset
-    kind: str  # "error" (tree-sitter ERROR node), "missing" (MISSING node), "bracket" (lexical bracket problem)
+    kind: str  # "error" (tree-sitter ERROR node), "missing" (MISSING node), "bracket" (lexical bracket problem),
+    #            "text" (an unprintable character in a fill)
     message: str  # human readable, e.g. "missing ')'", "unexpected 'x'", "unclosed '('"
 
 
@@ -508,15 +509,31 @@ def check_fill(document: str, start: int, end: int, fill: str, language: str | N
     edit = _Edit(start, end, len(fill))
     after = _filled_problems(original, edit, fill, canonical)
     old = _OldProblems(original.problems, edit)
-    new_problems = tuple(p for p in after if not old.explain(p))
+    unprintable = _unprintable(fill, start)
+    new_problems = tuple(p for p in after if not old.explain(p)) + unprintable
     if new_problems:
         logger.debug("fill %r adds %d syntax problem(s), first: %s", fill[:40], len(new_problems), new_problems[0])
     return GateResult(
         ok=not new_problems,
         new_problems=new_problems,
         problems_before=len(original.problems),
-        problems_after=len(after),
+        problems_after=len(after) + len(unprintable),
         checker=f"tree-sitter:{canonical}" if _parser(canonical) is not None else "lexical",
+    )
+
+
+_UNPRINTABLE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ufffd]")
+
+
+def _unprintable(fill: str, start: int) -> tuple[SyntaxProblem, ...]:
+    """Control characters (other than tab and line breaks) and U+FFFD in a fill: never code a model should write.
+
+    Byte-level tokenizers can decode a partial UTF-8 sequence to U+FFFD; inside a comment or a string the parser
+    would accept such text, so it is caught here, as a problem of kind "text".
+    """
+    return tuple(
+        SyntaxProblem(start + m.start(), start + m.end(), "text", f"unprintable character U+{ord(m.group()):04X}")
+        for m in _UNPRINTABLE.finditer(fill)
     )
 
 

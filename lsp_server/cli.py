@@ -17,6 +17,8 @@ _VERBOSE = ("-v", "--verbose")
 
 def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
     """The options of `diffill serve`."""
+    serve.add_argument("--stdio", action="store_true",
+                       help="talk over standard input/output (the default; accepted because clients pass it)")
     serve.add_argument("--tcp", metavar="[HOST:]PORT",
                        help="listen on a TCP port instead of standard input/output (host: 127.0.0.1 unless named)")
     serve.add_argument("--model", metavar="PATH",

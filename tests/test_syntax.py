@@ -389,3 +389,13 @@ def test_problems_in_fill_clamps_problems_outside_the_fill() -> None:
     result = GateResult(False, (before, after), 0, 2, "lexical")
     assert problems_in_fill(result, 10, fill) == [(0, 1), (2, 3)]
     assert problems_in_fill(result, 10, "") == [(0, 0), (0, 0)]
+
+
+@pytest.mark.parametrize("garbage", ["\x14", "\ufffd", "a\x0fb"])
+@pytest.mark.parametrize("language", ["python", None])
+def test_unprintable_text_is_rejected_even_inside_a_comment(garbage, language):
+    document = "# note: \nx = 1\n"
+    result = check_fill(document, 8, 8, garbage, language)
+    assert not result.ok
+    assert result.new_problems[0].kind == "text"
+    assert check_fill(document, 8, 8, "fine\twords", language).ok

@@ -1,0 +1,373 @@
+--- Ghost text for Neovim 0.10 and 0.11, drawn with extmarks from `textDocument/inlineCompletion`.
+---
+--- While typing in insert mode, a request is sent `debounce_ms` after the last change; a newer change cancels the
+--- pending request, and an answer that arrives after the buffer changed (its `changedtick` moved) or the cursor
+--- moved is dropped. The first suggestion is drawn after the cursor: its first line inline, the others as virtual
+--- lines. The accept key inserts it when one is shown and does what it did before otherwise; `<Esc>` (leaving
+--- insert mode) and moving the cursor dismiss it. Neovim 0.12 and later use `vim.lsp.inline_completion` instead.
+
+local util = require('diffill.util')
+
+local M = {}
+
+local METHOD = 'textDocument/inlineCompletion'
+local ns = vim.api.nvim_create_namespace('diffill.ghost')
+
+---@class diffill.Suggestion
+---@field row integer 0-based row of the cursor when it was shown
+---@field col integer byte column of the cursor when it was shown
+---@field start_row integer 0-based start of the range the text replaces
+---@field start_col integer
+---@field end_row integer end of the range the text replaces (at least the cursor)
+---@field end_col integer
+---@field text string what replaces the range
+---@field ghost string the part drawn after the cursor
+
+---@class diffill.GhostState
+---@field timer uv.uv_timer_t?
+---@field client_id integer? the client of the pending request
+---@field request_id integer? the pending request
+---@field shown diffill.Suggestion?
+---@field attached boolean? whether the autocommands and the accept key are set
+
+---@type table<integer, diffill.GhostState>
+M.buffers = {}
+
+---@type diffill.GhostTextOpts
+M.opts = { enabled = true, debounce_ms = 75, accept_key = '<Tab>', hl_group = 'DiffillGhostText' }
+
+---@param bufnr integer
+---@return diffill.GhostState
+local function state(bufnr)
+  local st = M.buffers[bufnr]
+  if st == nil then
+    st = {}
+    M.buffers[bufnr] = st
+  end
+  return st
+end
+
+--- Whether ghost text is shown in `bufnr` (the current buffer by default).
+---@param bufnr integer?
+---@return boolean
+function M.visible(bufnr)
+  local st = M.buffers[bufnr or vim.api.nvim_get_current_buf()]
+  return st ~= nil and st.shown ~= nil
+end
+
+--- The ghost text shown in `bufnr`, or nil.
+---@param bufnr integer?
+---@return string?
+function M.text(bufnr)
+  local st = M.buffers[bufnr or vim.api.nvim_get_current_buf()]
+  return st and st.shown and st.shown.ghost
+end
+
+--- Cancel the pending request of a buffer, if any.
+---@param st diffill.GhostState
+local function cancel(st)
+  if st.timer then
+    st.timer:stop()
+  end
+  if st.request_id and st.client_id then
+    local client = vim.lsp.get_client_by_id(st.client_id)
+    if client then
+      util.cancel(client, st.request_id)
+    end
+  end
+  st.request_id, st.client_id = nil, nil
+end
+
+--- Remove the ghost text of `bufnr` (and cancel its pending request).
+---@param bufnr integer?
+function M.dismiss(bufnr)
+  bufnr = bufnr or vim.api.nvim_get_current_buf()
+  local st = M.buffers[bufnr]
+  if st == nil then
+    return
+  end
+  cancel(st)
+  st.shown = nil
+  if vim.api.nvim_buf_is_valid(bufnr) then
+    vim.api.nvim_buf_clear_namespace(bufnr, ns, 0, -1)
+  end
+end
+
+--- The text of an inline completion item (a plain string or a snippet's value).
+---@param item table
+---@return string?
+local function insert_text(item)
+  local text = item.insertText
+  if type(text) == 'table' then
+    text = text.value
+  end
+  return type(text) == 'string' and text or nil
+end
+
+--- The first item of an answer that can be drawn as text after the cursor.
+---@param bufnr integer
+---@param client vim.lsp.Client
+---@param result table InlineCompletionList or InlineCompletionItem[]
+---@param row integer
+---@param col integer
+---@return diffill.Suggestion?
+local function suggestion(bufnr, client, result, row, col)
+  local items = result.items or result
+  for _, item in ipairs(items) do
+    local text = insert_text(item)
+    local start_row, start_col, end_row, end_col = row, col, row, col
+    if item.range then
+      local enc = client.offset_encoding
+      start_row = item.range.start.line
+      start_col = util.byte_col(bufnr, start_row, item.range.start.character, enc)
+      end_row = item.range['end'].line
+      end_col = util.byte_col(bufnr, end_row, item.range['end'].character, enc)
+    end
+    local before_cursor = start_row < row or (start_row == row and start_col <= col)
+    local after_cursor = end_row > row or (end_row == row and end_col >= col)
+    if text and text ~= '' and before_cursor and after_cursor then
+      local typed = table.concat(vim.api.nvim_buf_get_text(bufnr, start_row, start_col, row, col, {}), '\n')
+      if vim.startswith(text, typed) and #text > #typed then
+        return {
+          row = row,
+          col = col,
+          start_row = start_row,
+          start_col = start_col,
+          end_row = end_row,
+          end_col = end_col,
+          text = text,
+          ghost = text:sub(#typed + 1),
+        }
+      end
+    end
+  end
+  return nil
+end
+
+--- Draw a suggestion after the cursor.
+---@param bufnr integer
+---@param s diffill.Suggestion
+local function draw(bufnr, s)
+  vim.api.nvim_buf_clear_namespace(bufnr, ns, 0, -1)
+  local lines = vim.split(s.ghost, '\n', { plain = true })
+  local hl = M.opts.hl_group
+  local virt_lines = {}
+  for i = 2, #lines do
+    virt_lines[#virt_lines + 1] = { { lines[i], hl } }
+  end
+  vim.api.nvim_buf_set_extmark(bufnr, ns, s.row, s.col, {
+    virt_text = { { lines[1], hl } },
+    virt_text_pos = 'inline',
+    virt_lines = #virt_lines > 0 and virt_lines or nil,
+    hl_mode = 'combine',
+  })
+end
+
+--- Ask the server for ghost text at the cursor of the current window (which must show `bufnr`).
+---@param bufnr integer
+function M.request(bufnr)
+  local st = state(bufnr)
+  cancel(st)
+  local win = vim.api.nvim_get_current_win()
+  if vim.api.nvim_win_get_buf(win) ~= bufnr or not vim.api.nvim_get_mode().mode:match('^i') then
+    return
+  end
+  local client = util.client(bufnr, METHOD)
+  if client == nil then
+    return
+  end
+  local params = vim.lsp.util.make_position_params(win, client.offset_encoding)
+  ---@diagnostic disable-next-line: inject-field
+  params.context = { triggerKind = 2 } -- Automatic
+  local tick = vim.api.nvim_buf_get_changedtick(bufnr)
+  local cursor = vim.api.nvim_win_get_cursor(win)
+  local request_id
+  local ok, id = util.request(client, METHOD, params, function(err, result)
+    if st.request_id == request_id then
+      st.request_id, st.client_id = nil, nil
+    end
+    if err or result == nil or not vim.api.nvim_buf_is_valid(bufnr) then
+      return
+    end
+    -- Stale: the buffer changed, the cursor moved or insert mode ended while the model ran.
+    if vim.api.nvim_buf_get_changedtick(bufnr) ~= tick or vim.api.nvim_get_current_buf() ~= bufnr then
+      return
+    end
+    local now = vim.api.nvim_win_get_cursor(0)
+    if now[1] ~= cursor[1] or now[2] ~= cursor[2] or not vim.api.nvim_get_mode().mode:match('^i') then
+      return
+    end
+    local s = suggestion(bufnr, client, result, cursor[1] - 1, cursor[2])
+    st.shown = s
+    if s then
+      draw(bufnr, s)
+    end
+  end, bufnr)
+  if ok then
+    request_id = id
+    st.request_id, st.client_id = id, client.id
+  end
+end
+
+--- Schedule a request `debounce_ms` from now (a later call restarts the wait).
+---@param bufnr integer
+function M.schedule(bufnr)
+  local st = state(bufnr)
+  M.dismiss(bufnr)
+  st.timer = st.timer or vim.uv.new_timer()
+  st.timer:start(M.opts.debounce_ms, 0, vim.schedule_wrap(function()
+    if vim.api.nvim_buf_is_valid(bufnr) and vim.api.nvim_get_current_buf() == bufnr then
+      M.request(bufnr)
+    end
+  end))
+end
+
+--- Insert the shown ghost text; returns whether there was one.
+---@param bufnr integer?
+---@return boolean
+function M.accept(bufnr)
+  bufnr = bufnr or vim.api.nvim_get_current_buf()
+  local st = M.buffers[bufnr]
+  local s = st and st.shown
+  if s == nil then
+    return false
+  end
+  M.dismiss(bufnr)
+  local lines = vim.split(s.text, '\n', { plain = true })
+  vim.api.nvim_buf_set_text(bufnr, s.start_row, s.start_col, s.end_row, s.end_col, lines)
+  local row = s.start_row + #lines - 1
+  local col = (#lines == 1 and s.start_col or 0) + #lines[#lines]
+  vim.api.nvim_win_set_cursor(0, { row + 1, col })
+  return true
+end
+
+--- What the accept key did before it was mapped: a callback, a mapping's keys, or the key itself.
+---@param key string
+---@param bufnr integer
+---@return fun(): string
+local function fallback(key, bufnr)
+  local previous = vim.fn.maparg(key, 'i', false, true) --[[@as table]]
+  if previous.buffer == 1 and previous.desc == 'diffill: accept ghost text' then
+    previous = {}
+  end
+  if previous.callback and previous.expr == 1 then
+    return previous.callback
+  end
+  if previous.callback then
+    local callback = previous.callback
+    return function()
+      vim.schedule(callback)
+      return ''
+    end
+  end
+  if previous.rhs and previous.rhs ~= '' then
+    local rhs = vim.api.nvim_replace_termcodes(previous.rhs, true, true, true)
+    local mode = previous.noremap == 1 and 'n' or 'm'
+    return function()
+      vim.schedule(function()
+        if vim.api.nvim_buf_is_valid(bufnr) then
+          vim.api.nvim_feedkeys(rhs, mode, false)
+        end
+      end)
+      return ''
+    end
+  end
+  return function()
+    return key
+  end
+end
+
+--- Turn ghost text on for a buffer the diffill client attached to.
+---@param bufnr integer
+function M.attach(bufnr)
+  if M.buffers[bufnr] and M.buffers[bufnr].attached then
+    return
+  end
+  state(bufnr).attached = true
+  local group = vim.api.nvim_create_augroup(('diffill.ghost.%d'):format(bufnr), { clear = true })
+  vim.api.nvim_create_autocmd({ 'TextChangedI', 'TextChangedP' }, {
+    group = group,
+    buffer = bufnr,
+    callback = function()
+      M.schedule(bufnr)
+    end,
+  })
+  vim.api.nvim_create_autocmd('CursorMovedI', {
+    group = group,
+    buffer = bufnr,
+    callback = function()
+      local s = M.buffers[bufnr] and M.buffers[bufnr].shown
+      local cursor = vim.api.nvim_win_get_cursor(0)
+      if s and (cursor[1] - 1 ~= s.row or cursor[2] ~= s.col) then
+        M.dismiss(bufnr)
+      end
+    end,
+  })
+  vim.api.nvim_create_autocmd({ 'InsertLeave', 'BufLeave' }, {
+    group = group,
+    buffer = bufnr,
+    callback = function()
+      M.dismiss(bufnr)
+    end,
+  })
+  vim.api.nvim_create_autocmd({ 'BufWipeout', 'LspDetach' }, {
+    group = group,
+    buffer = bufnr,
+    callback = function(args)
+      if args.event == 'LspDetach' and (vim.lsp.get_client_by_id(args.data.client_id) or {}).name ~= util.NAME then
+        return
+      end
+      M.detach(bufnr)
+    end,
+  })
+  local key = M.opts.accept_key
+  if key then
+    local previous = fallback(key, bufnr)
+    vim.keymap.set('i', key, function()
+      if M.visible(bufnr) then
+        return '<Cmd>lua require("diffill.ghost").accept()<CR>'
+      end
+      return previous()
+    end, { buffer = bufnr, expr = true, replace_keycodes = true, desc = 'diffill: accept ghost text' })
+  end
+end
+
+--- Turn ghost text off for a buffer.
+---@param bufnr integer
+function M.detach(bufnr)
+  M.dismiss(bufnr)
+  local st = M.buffers[bufnr]
+  if st and st.timer then
+    st.timer:close()
+  end
+  M.buffers[bufnr] = nil
+  pcall(vim.api.nvim_del_augroup_by_name, ('diffill.ghost.%d'):format(bufnr))
+  if M.opts.accept_key and vim.api.nvim_buf_is_valid(bufnr) then
+    pcall(vim.keymap.del, 'i', M.opts.accept_key, { buffer = bufnr })
+  end
+end
+
+--- Ghost text with Neovim's own inline completion (0.12+): enabled per buffer, the accept key falls through.
+---@param bufnr integer
+---@param client vim.lsp.Client
+function M.attach_native(bufnr, client)
+  local inline = vim.lsp.inline_completion
+  inline.enable(true, { bufnr = bufnr, client_id = client.id })
+  local key = M.opts.accept_key
+  if key then
+    vim.keymap.set('i', key, function()
+      if not inline.get({ bufnr = bufnr }) then
+        return key
+      end
+    end, { buffer = bufnr, expr = true, replace_keycodes = true, desc = 'diffill: accept inline completion' })
+  end
+end
+
+--- Set the options and the highlight group.
+---@param opts diffill.GhostTextOpts
+function M.setup(opts)
+  M.opts = opts
+  vim.api.nvim_set_hl(0, 'DiffillGhostText', { default = true, link = 'Comment' })
+end
+
+return M

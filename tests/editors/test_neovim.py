@@ -1,0 +1,112 @@
+"""Neovim 0.11, headless, with diffill.nvim and the real `diffill serve` on a tiny random model.
+
+Each test starts `nvim --headless -u tests/editors/nvim/minimal_init.lua -c "luafile SCENARIO" FILE` under
+`timeout`; the scenario types keys through Neovim's input queue, waits for what a user would see, and writes JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from tests.editors.conftest import ROOT, nvim_executable, server_executable
+
+HERE = Path(__file__).resolve().parent
+LIMIT_S = 180  # the `timeout` around each Neovim run; a scenario's own waits are shorter
+
+GREET = '''def greet(name):
+    """Say hello.
+
+    The greeting is printed.
+    It ends with a newline.
+    """
+    print("hello", name)
+'''
+
+
+def run_scenario(scenario: str, model: Path, tmp_path: Path, text: str = GREET, name: str = "greet.py") -> dict[str, Any]:
+    """Run a scenario script in headless Neovim on a fresh copy of `text`; its JSON outcome."""
+    nvim, server = nvim_executable(), server_executable()
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / ".git").mkdir()  # a project root for root_markers
+    document = work / name
+    document.write_text(text)
+    out = tmp_path / "outcome.json"
+    env = {
+        **os.environ,
+        "DIFFILL_ROOT": str(ROOT),
+        "DIFFILL_TESTS": str(HERE),
+        "DIFFILL_SERVER": server,
+        "DIFFILL_MODEL": str(model),
+        "DIFFILL_TEST_OUT": str(out),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        "XDG_CONFIG_HOME": str(tmp_path / "config"),
+        "XDG_DATA_HOME": str(tmp_path / "data"),
+        "XDG_STATE_HOME": str(tmp_path / "state"),
+        "XDG_CACHE_HOME": str(tmp_path / "cache"),
+    }
+    command = ["timeout", "-k", "10", str(LIMIT_S), nvim, "--headless", "-i", "NONE",
+               "-u", str(HERE / "nvim" / "minimal_init.lua"), "-c", f"luafile {HERE / 'nvim' / scenario}", str(document)]
+    proc = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                          check=False)
+    log = tmp_path / "state" / "nvim" / "lsp.log"
+    context = (f"exit {proc.returncode}\nstdout: {proc.stdout[-2000:]}\nstderr: {proc.stderr[-4000:]}\n"
+               f"lsp.log: {log.read_text()[-4000:] if log.exists() else '-'}")
+    assert proc.returncode != 124, f"Neovim ran past {LIMIT_S} s\n{context}"
+    assert out.exists(), f"the scenario wrote no outcome\n{context}"
+    outcome = json.loads(out.read_text())
+    assert outcome["ok"], f"{outcome['error']}\n{outcome['results']}\n{context}"
+    return outcome["results"]
+
+
+def test_ghost_text_appears_and_tab_accepts_it(nvim: str, tiny_model: Path, tmp_path: Path) -> None:
+    results = run_scenario("ghost_text.lua", tiny_model, tmp_path)
+    # <Tab> with no ghost text on screen did what <Tab> does.
+    assert re.fullmatch(r'    """Say hello\. x[\t ]+y', results["fallthrough_line"]), results["fallthrough_line"]
+    # Typing drew ghost text with an extmark after the cursor, in insert mode.
+    assert results["ghost"], results
+    assert results["extmarks"] >= 1
+    assert results["mode_before_accept"].startswith("i")
+    assert results["before_accept"] == "    The greeting is printed. It"
+    # <Tab> put exactly the ghost text into the buffer at the cursor.
+    assert results["after_accept"].startswith("    The greeting is printed. It" + results["ghost"]), results
+    assert results["visible_after_esc"] is False
+    # The server's diffill/status reached the statusline helper; completion items go through the omnifunc.
+    assert results["status"].startswith("diffill:tiny"), results["status"]
+    assert results["omnifunc"] == "v:lua.vim.lsp.omnifunc"
+
+
+def test_rewrite_changes_the_selected_lines(nvim: str, tiny_model: Path, tmp_path: Path) -> None:
+    results = run_scenario("rewrite.lua", tiny_model, tmp_path)
+    before, after = results["before"], results["after"]
+    assert after != before
+    # Lines outside the selection (lines 4 and 5) are untouched; the rewrite may have another number of lines.
+    assert after[:3] == before[:3]
+    assert after[-2:] == before[-2:]
+    # One undo step restores the buffer.
+    assert results["after_undo"] == before
+
+
+def test_checkhealth_passes_and_restart_works(nvim: str, tiny_model: Path, tmp_path: Path) -> None:
+    results = run_scenario("health.lua", tiny_model, tmp_path)
+    report = "\n".join(results["report"])
+    assert "ERROR" not in report, report
+    assert "OK Neovim 0.1" in report, report
+    assert "diffill serve --help` runs" in report, report
+    assert f"model: {tiny_model}" in report, report
+    assert "model diffill:tiny ready" in report, report
+    assert results["restarted"] is True
+
+
+def test_lua_units(nvim: str, tmp_path: Path) -> None:
+    """The plugin's own logic (options, statusline, LSP ranges in every position encoding), without a server."""
+    env = {**os.environ, "DIFFILL_ROOT": str(ROOT), "XDG_STATE_HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path)}
+    proc = subprocess.run(["timeout", "60", nvim, "--headless", "--clean", "-l", str(HERE / "nvim" / "unit.lua")],
+                          env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert re.search(r"\d+ passed, 0 failed", proc.stdout + proc.stderr)
