@@ -13,7 +13,7 @@ _EXPORTS = {
     "InfillResult": "infill_engine.engine",
     "Candidate": "infill_engine.engine",
     "SamplerConfig": "infill_engine.sampler",
-    "FillCancelled": "infill_engine.sampler",
+    "FillCancelled": "infill_engine.request",
     "ContextConfig": "infill_engine.canvas",
     "FillStats": "infill_engine.stats",
     "load_denoiser": "infill_engine.loading",

@@ -121,6 +121,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_serve_arguments(commands.add_parser("serve", help="run the language server for editors (stdio or --tcp)"))
 
+    from infill_engine.service.command import add_engine_arguments
+
+    add_engine_arguments(commands.add_parser("engine", help="the shared engine: serve one model to many servers"))
+
     from infill_engine.training.cli import add_train_parser
 
     add_train_parser(commands)
@@ -323,6 +327,10 @@ def main(argv: list[str] | None = None) -> int:
 
     if wants_serve(sys.argv[1:] if argv is None else argv):  # before build_parser, which imports torch
         return run_serve(sys.argv[1:] if argv is None else argv)
+    from infill_engine.service.command import run_engine, wants_engine
+
+    if wants_engine(sys.argv[1:] if argv is None else argv):  # serve/status/stop; only `serve` imports torch
+        return run_engine(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr)
     if not args.verbose:

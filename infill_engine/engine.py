@@ -9,76 +9,24 @@ from __future__ import annotations
 import logging
 import math
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import torch
 
 from infill_engine import syntax
 from infill_engine.adapters.base import Denoiser
 from infill_engine.canvas import ContextConfig, trim_context
+from infill_engine.request import (  # noqa: F401 - the request types are part of this module's interface
+    MAX_CANDIDATES,
+    MAX_SPAN_TOKENS,
+    Candidate,
+    InfillRequest,
+    InfillResult,
+)
 from infill_engine.sampler import DenoisedSpan, SamplerConfig, StepCallback, denoise_span
 from infill_engine.stats import FillStats
 
 logger = logging.getLogger(__name__)
-
-MAX_SPAN_TOKENS = 4096
-MAX_CANDIDATES = 16
-
-
-@dataclass(frozen=True)
-class InfillRequest:
-    """A hole to fill: the text before and after it, and how to fill it."""
-
-    prefix: str
-    suffix: str
-    language: str | None = None  # canonical name, LSP languageId or file name; None: lexical bracket check only
-    max_tokens: int = 64  # span positions on the canvas; the model may end the span earlier
-    candidates: int = 1  # canvases denoised together in one batch
-    gate: bool = True  # drop candidates that add syntax problems (after trying to repair them)
-    seed: int | None = None  # overrides SamplerConfig.seed
-    single_line: bool = False  # the fill ends at its first line break (ghost text in the middle of a line)
-    repair_rounds: int | None = None  # overrides the engine's repair budget (0: reject without repairing)
-
-    def validate(self) -> None:
-        """Raise ValueError saying what is wrong and what is allowed."""
-        if not isinstance(self.prefix, str) or not isinstance(self.suffix, str):
-            raise ValueError("prefix and suffix must be text (str)")
-        if not isinstance(self.max_tokens, int) or not 1 <= self.max_tokens <= MAX_SPAN_TOKENS:
-            raise ValueError(f"max_tokens must be an integer from 1 to {MAX_SPAN_TOKENS} (got {self.max_tokens!r})")
-        if not isinstance(self.candidates, int) or not 1 <= self.candidates <= MAX_CANDIDATES:
-            raise ValueError(f"candidates must be an integer from 1 to {MAX_CANDIDATES} (got {self.candidates!r})")
-        if self.repair_rounds is not None and (not isinstance(self.repair_rounds, int) or self.repair_rounds < 0):
-            raise ValueError(f"repair_rounds must be an integer >= 0 (got {self.repair_rounds!r})")
-
-
-@dataclass
-class Candidate:
-    """One filled span."""
-
-    text: str
-    token_ids: list[int]
-    score: float  # mean log-probability of its tokens (higher is surer)
-    gate: syntax.GateResult | None = None  # None when the gate was off
-    repairs: int = 0  # re-noise-and-denoise rounds it went through
-
-    @property
-    def passed(self) -> bool:
-        """True when the gate was off or found no new syntax problem."""
-        return self.gate is None or self.gate.ok
-
-
-@dataclass
-class InfillResult:
-    """Fills that passed the gate, best first, the ones it rejected, and what it cost."""
-
-    candidates: list[Candidate]
-    rejected: list[Candidate]
-    stats: FillStats = field(default_factory=FillStats)
-
-    @property
-    def text(self) -> str | None:
-        """The best fill, or None when no candidate passed."""
-        return self.candidates[0].text if self.candidates else None
 
 
 class InfillEngine:
@@ -177,7 +125,7 @@ class InfillEngine:
             if single_line:
                 kept, kept_probs = self._first_line(kept, kept_probs)
             score = sum(math.log(max(p, 1e-12)) for p in kept_probs) / max(len(kept_probs), 1)
-            candidates.append(Candidate(self._text(kept), kept, score))
+            candidates.append(Candidate(self._text(kept), kept, score, lowest=min(kept_probs, default=1.0)))
         return candidates
 
     def _first_line(self, token_ids: list[int], probs: list[float]) -> tuple[list[int], list[float]]:
@@ -240,7 +188,8 @@ class InfillEngine:
             for candidate, repaired in zip(failing, self._decode(span, request.single_line)):
                 gate = syntax.check_fill(document, start, start, repaired.text, language)
                 if syntax.rank_key(gate) <= syntax.rank_key(candidate.gate):
-                    candidate.text, candidate.token_ids, candidate.score = repaired.text, repaired.token_ids, repaired.score
+                    candidate.text, candidate.token_ids = repaired.text, repaired.token_ids
+                    candidate.score, candidate.lowest = repaired.score, repaired.lowest
                     candidate.gate = gate
                 candidate.repairs += 1
 
@@ -272,8 +221,8 @@ class InfillEngine:
         is judged with most of its neighbours visible) and those the model gives less than `keep_above` are
         re-noised; tokens overlapping a `renoise` character range of `original` (one token of margin) are re-noised
         too; the others stay as they are. `grow` free positions after the text let it grow (a missing closing
-        bracket) or stay empty. The span cannot end before its last kept token (the sampler forbids it), so kept tokens
-        survive. Candidates are gated against the document with `original` in place. `request.max_tokens` is not
+        bracket) or stay empty. The span cannot end inside the text (`SamplerConfig.min_tokens`), so a re-noised
+        position there is given a token and the kept tokens after it survive. Candidates are gated against the document with `original` in place. `request.max_tokens` is not
         used: the span is the text's tokens plus `grow`.
         """
         request.validate()
@@ -307,8 +256,8 @@ class InfillEngine:
                 stats.forward_passes += 1
                 stats.context_encodes += 1
                 free[: len(ids)] |= confidence < keep_above
-            span = denoise_span(
-                self.denoiser, trimmed.prefix_ids, trimmed.suffix_ids, length, config,
+            span = denoise_span(  # the refined text keeps at least its own length: it can only end in the room to grow
+                self.denoiser, trimmed.prefix_ids, trimmed.suffix_ids, length, replace(config, min_tokens=len(ids)),
                 batch_size=request.candidates, stats=stats, on_step=on_step, initial=initial, frozen=~free,
             )
             candidates = self._decode(span, request.single_line)
@@ -371,7 +320,8 @@ def _ranked(candidates: list[Candidate], stats: FillStats, rewritten: int | None
     """
     passing = [c for c in candidates if c.passed]
     rejected = [c for c in candidates if not c.passed]
-    passing.sort(key=lambda c: (syntax.rank_key(c.gate) if c.gate else (), -c.score))
+    # mean log-probabilities closer than 1e-3 are a tie, kept in batch order (the greedy candidate first)
+    passing.sort(key=lambda c: (syntax.rank_key(c.gate) if c.gate else (), -round(c.score, 3)))
     best = passing[0] if passing else (candidates[0] if candidates else None)
     decided = len(best.token_ids) if best else 0
     stats.tokens_generated = decided if rewritten is None else min(decided, rewritten)

@@ -50,6 +50,7 @@ TITLES = {
 }
 QUICK_FIXES_PER_REQUEST = 3
 GROW = 4  # positions a refined region may grow by
+QUICK_FIX_MIN_PROB = 0.05  # a quick fix is offered only when the model gave every token it wrote at least this
 
 _PLACEHOLDER = re.compile(r"^(?P<indent>[ \t]*)(?P<body>\.\.\.|pass|todo!\(\)|(?:#|//|--)[ \t]*TODO\b.*?)[ \t]*$")
 _FUNCTION_HEADER = re.compile(
@@ -122,11 +123,11 @@ class Span:
         return cls(text[window_start:start], text[start:end], text[end:window_end])
 
     def first_passing(self, texts: Sequence[str], language: str | None) -> str | None:
-        """The first text that differs from the original and adds no syntax problem in its place."""
+        """The first text that is not blank, differs from the original and adds no syntax problem in its place."""
         document = self.before + self.original + self.after
         start, end = len(self.before), len(self.before) + len(self.original)
         for text in texts:
-            if text != self.original and syntax.check_fill(document, start, end, text, language).ok:
+            if text.strip() and text != self.original and syntax.check_fill(document, start, end, text, language).ok:
                 return text
         return None
 
@@ -137,7 +138,7 @@ class Span:
 def rewrite_job(engine: InfillEngine, span: Span, language: str | None, settings: Settings,
                 instruction: str | None, ticket: Ticket) -> tuple[str | None, dict[str, Any]]:
     """On the model thread: a fresh fill in place of the selection."""
-    from infill_engine.engine import InfillRequest
+    from infill_engine.request import InfillRequest
 
     tokens = len(engine.denoiser.tokenizer(span.original, add_special_tokens=False)["input_ids"])
     max_tokens = max(8, min(settings.rewrite.max_tokens, tokens * 3 // 2 + 8))
@@ -151,7 +152,7 @@ def rewrite_job(engine: InfillEngine, span: Span, language: str | None, settings
 def refine_job(engine: InfillEngine, span: Span, language: str | None, settings: Settings,
                ticket: Ticket) -> tuple[str | None, dict[str, Any]]:
     """On the model thread: the selection re-denoised from its own tokens, the confident ones kept."""
-    from infill_engine.engine import InfillRequest
+    from infill_engine.request import InfillRequest
 
     request = InfillRequest(span.before, span.after, language=language, candidates=settings.rewrite.candidates)
     result = engine.refine(request, span.original, keep_above=settings.rewrite.keep_above, grow=GROW,
@@ -162,7 +163,7 @@ def refine_job(engine: InfillEngine, span: Span, language: str | None, settings:
 def fill_here_job(engine: InfillEngine, span: Span, language: str | None, settings: Settings,
                   ticket: Ticket) -> tuple[str | None, dict[str, Any]]:
     """On the model thread: a multi-line fill in place of a placeholder, tidied like ghost text."""
-    from infill_engine.engine import InfillRequest
+    from infill_engine.request import InfillRequest
 
     request = InfillRequest(span.before, span.after, language=language, max_tokens=settings.rewrite.max_tokens,
                             candidates=settings.rewrite.candidates)
@@ -179,7 +180,7 @@ def quick_fix_job(engine: InfillEngine, span: Span, problem: syntax.SyntaxProble
 
     `problem` is in offsets of `span.original`.
     """
-    from infill_engine.engine import InfillRequest
+    from infill_engine.request import InfillRequest
 
     request = InfillRequest(span.before, span.after, language=language, candidates=settings.rewrite.candidates)
     result = engine.refine(request, span.original, renoise=[(problem.start, problem.end)], keep_above=None,
@@ -187,6 +188,8 @@ def quick_fix_job(engine: InfillEngine, span: Span, problem: syntax.SyntaxProble
     before = syntax.find_problems(span.before + span.original + span.after, language)
     start = len(span.before)
     for candidate in result.candidates:
+        if candidate.lowest < QUICK_FIX_MIN_PROB:  # a token the model did not believe in: no fix to offer
+            continue
         fixed = span.first_passing([candidate.text], language)
         if fixed is None:
             continue

@@ -92,7 +92,7 @@ def fill_job(
     ticket: Ticket,
 ) -> FillOutcome:
     """On the model thread: fill at the cursor and keep the tidied fills that pass the gate."""
-    from infill_engine.engine import InfillRequest
+    from infill_engine.request import InfillRequest
 
     around = cursor.around
     max_tokens = settings.completion.max_tokens if around.multiline else settings.completion.line_tokens

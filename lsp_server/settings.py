@@ -153,7 +153,7 @@ class DiagnosticsSettings:
 class EngineSettings:
     """Where the model runs."""
 
-    mode: str = _setting("inprocess", _choice(*ENGINE_MODES))  # "shared", "auto": in-process until the service exists
+    mode: str = _setting("inprocess", _choice(*ENGINE_MODES))  # "shared"/"auto": the shared engine service (README)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -100,6 +100,8 @@ class ModelHost:
         """Load the model the settings name (in the background); sets `state` and `message`."""
         self.generation += 1
         generation = self.generation
+        if hasattr(self.engine, "close"):  # a shared engine's connection
+            self.engine.close()  # type: ignore[union-attr]
         self.state, self.message, self.engine = LOADING, "", None
         loop = asyncio.get_running_loop()
         try:
@@ -114,7 +116,16 @@ class ModelHost:
             self.description = f"{engine.denoiser.family}:{Path(str(engine.denoiser.path)).name}"
 
     def _load(self, settings: Settings) -> tuple[InfillEngine | None, str, str]:
-        """On the model thread: build the engine, or say why there is none."""
+        """On the model thread: build the engine, or say why there is none.
+
+        `engine.mode` "shared" and "auto" use the shared engine service (a client with the engine's `fill` and
+        `refine`; no torch in this process); "auto" falls back to loading the model here when no engine can be
+        reached or started, "shared" reports the failure instead.
+        """
+        if settings.engine.mode != "inprocess":
+            shared = self._connect_shared(settings)
+            if shared is not None:
+                return shared
         _quiet_transformers()
         from infill_engine.engine import InfillEngine
         from infill_engine.loading import ModelLoadError, default_model_path
@@ -146,8 +157,31 @@ class ModelHost:
         logger.info("model ready: %s (%s on %s)", engine.denoiser.path, engine.denoiser.family, engine.denoiser.device)
         return engine, READY, ""
 
+    def _connect_shared(self, settings: Settings) -> tuple[InfillEngine | None, str, str] | None:
+        """On the model thread: a client of the shared engine for the configured model (None: load it here)."""
+        from infill_engine.service.api import EngineError
+        from infill_engine.service.launcher import EngineSpec, SharedEngine
+
+        model = settings.model
+        spec = EngineSpec(path=model.path, family=model.family, device=model.device, dtype=model.dtype,
+                          trust_remote_code=model.trust_remote_code, factory=self.engine_factory)
+        try:
+            engine = SharedEngine(spec)
+        except EngineError as error:
+            if settings.engine.mode == "shared":
+                return None, FAILED, f"no shared engine: {error}"
+            logger.warning("no shared engine (%s); loading the model in this process", error)
+            return None
+        self._configure(engine, settings)  # type: ignore[arg-type]
+        logger.info("using the shared engine at %s (%s)", engine.client.address, engine.client.model)
+        return engine, READY, ""  # type: ignore[return-value]
+
     def _configure(self, engine: InfillEngine, settings: Settings) -> None:
-        """Apply the sampling and context settings to a loaded engine."""
+        """Apply the sampling and context settings to a loaded engine (or send them with a shared engine's requests)."""
+        if hasattr(engine, "configure"):  # the shared engine: its model is not ours to change
+            engine.configure(steps=settings.sampling.steps, seed=settings.sampling.seed,
+                             prefix_tokens=settings.context.prefix_tokens, suffix_tokens=settings.context.suffix_tokens)
+            return
         from infill_engine.canvas import ContextConfig
 
         base = self._base_sampler or engine.sampler
@@ -178,7 +212,7 @@ class ModelHost:
         def call() -> T | None:
             if ticket.cancelled:
                 return None
-            from infill_engine.sampler import FillCancelled
+            from infill_engine.request import FillCancelled
 
             try:
                 return job(engine)

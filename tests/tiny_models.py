@@ -33,9 +33,13 @@ def build_tokenizer(specials: dict[str, str], vocab_size: int = 200) -> PreTrain
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
+    # The alphabet is printable ASCII, space, tab and line feed (not all 256 bytes), so that even a random-weight
+    # model writes printable text: the syntax gate rejects control characters and U+FFFD from partial byte sequences.
+    byte_chars = pre_tokenizers.ByteLevel.alphabet()  # the byte-to-character map's image
+    printable = [chr(c) for c in range(0x21, 0x7F)] + ["\u0120", "\u0109", "\u010a"]  # + space, tab, LF as mapped
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=ordered, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
+        vocab_size=vocab_size, special_tokens=ordered, show_progress=False,
+        initial_alphabet=[c for c in printable if c in byte_chars],
     )
     tokenizer.train_from_iterator(CORPUS * 3, trainer=trainer)
     roles = {f"{role}_token": token for role, token in specials.items() if role in
