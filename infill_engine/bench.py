@@ -17,8 +17,12 @@ BENCH_SUFFIX = "\n\n\ndef save_settings(path, settings):\n    with open(path, 'w
 
 def bench_spans(engine: InfillEngine, spans: list[int], repeats: int = 3) -> list[dict[str, Any]]:
     """Milliseconds per denoising step, steps and tokens per forward for canvases of each span length."""
-    rows = []
+    rows: list[dict[str, Any]] = []
     for span in spans:
+        room = engine.denoiser.max_positions - span - 2
+        if room < 16:  # no room left for context: say so instead of measuring a context-free fill
+            rows.append({"span": span, "skipped": f"the model has {engine.denoiser.max_positions} positions"})
+            continue
         engine_config = replace(engine.sampler, block_size=max(engine.sampler.block_size, span))
         runs = []
         for repeat in range(repeats + 1):  # the first run warms up and is not counted

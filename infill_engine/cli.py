@@ -277,6 +277,9 @@ def run_bench(args: argparse.Namespace) -> int:
           f"{torch.get_num_threads()})")
     print(f"{'span':>6} {'ms/step':>9} {'encode ms':>10} {'steps':>6} {'tok/fwd':>8} {'total ms':>9}")
     for row in rows:
+        if "skipped" in row:
+            print(f"{row['span']:>6}  skipped: {row['skipped']}")
+            continue
         print(f"{row['span']:>6} {row['ms_per_step']:>9} {row['ms_encode']:>10} {row['steps']:>6} "
               f"{row['tokens_per_forward']:>8} {row['ms_total']:>9}")
     return 0

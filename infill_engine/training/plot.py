@@ -43,8 +43,8 @@ def plot_loss(log_path: str | os.PathLike[str], png_path: str | os.PathLike[str]
         right.plot([a[0] for a in accuracy], [100 * a[1] for a in accuracy], "s--", color="#393", markersize=3,
                    label="held-out masked-token accuracy (%)")
         right.set_ylabel("accuracy (%)")
-        right.legend(loc="upper center", fontsize=8)
-    axis.legend(loc="upper right", fontsize=8)
+        right.legend(loc="lower right", fontsize=8)
+    axis.legend(loc="lower left", fontsize=8)
     axis.set_title(title or Path(log_path).parent.name)
     figure.tight_layout()
     figure.savefig(png_path)
