@@ -324,16 +324,26 @@ def run_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def subcommand(argv: list[str]) -> str | None:
+    """The subcommand a command line names after the global options (`-v`), or None."""
+    index = 0
+    while index < len(argv) and argv[index] in ("-v", "--verbose"):
+        index += 1
+    return argv[index] if index < len(argv) else None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `diffill` console command."""
-    from lsp_server.cli import run_serve, wants_serve
+    words = sys.argv[1:] if argv is None else argv
+    command = subcommand(words)
+    if command == "serve":  # its own start-up path: answers initialize before torch is imported
+        from lsp_server.cli import run_serve
 
-    if wants_serve(sys.argv[1:] if argv is None else argv):  # before build_parser, which imports torch
-        return run_serve(sys.argv[1:] if argv is None else argv)
-    from infill_engine.service.command import run_engine, wants_engine
+        return run_serve(words)
+    if command == "engine":  # serve/status/stop; only `serve` imports torch
+        from infill_engine.service.command import run_engine
 
-    if wants_engine(sys.argv[1:] if argv is None else argv):  # serve/status/stop; only `serve` imports torch
-        return run_engine(sys.argv[1:] if argv is None else argv)
+        return run_engine(words)
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr)
     if not args.verbose:

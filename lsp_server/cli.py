@@ -12,7 +12,6 @@ import logging
 import sys
 from collections.abc import Sequence
 
-_VERBOSE = ("-v", "--verbose")
 
 
 def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
@@ -25,14 +24,6 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
                        help="model directory used when the editor's settings name none (default: the embedded model)")
     serve.add_argument("--engine-factory", metavar="MODULE:FUNCTION",
                        help="build the engine by calling FUNCTION(settings) from MODULE, not from a checkpoint")
-
-
-def wants_serve(argv: Sequence[str]) -> bool:
-    """Whether the command line asks for `diffill [-v] serve ...`."""
-    index = 0
-    while index < len(argv) and argv[index] in _VERBOSE:
-        index += 1
-    return index < len(argv) and argv[index] == "serve"
 
 
 def run_serve(argv: Sequence[str]) -> int:

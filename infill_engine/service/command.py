@@ -19,7 +19,6 @@ from infill_engine.service.api import EngineClient, EngineError
 from infill_engine.service.launcher import IDLE_TIMEOUT, EngineSpec
 
 logger = logging.getLogger(__name__)
-_VERBOSE = ("-v", "--verbose")
 TOKEN_ENV = "DIFFILL_ENGINE_TOKEN"
 
 
@@ -47,14 +46,6 @@ def add_engine_arguments(engine: argparse.ArgumentParser) -> None:
     engine.add_argument("--max-queued", type=int, default=8, help="queued requests per client at most")
     engine.add_argument("--max-frame-bytes", type=int, default=8 * 1024 * 1024, help="bytes per msgpack frame")
     engine.add_argument("--threads", type=int, default=0, help="CPU threads for torch (0: half the cores)")
-
-
-def wants_engine(argv: Sequence[str]) -> bool:
-    """Whether the command line asks for `diffill [-v] engine ...`."""
-    index = 0
-    while index < len(argv) and argv[index] in _VERBOSE:
-        index += 1
-    return index < len(argv) and argv[index] == "engine"
 
 
 def run_engine(argv: Sequence[str]) -> int:
