@@ -30,6 +30,7 @@ from infill_engine.training.objective import (
     span_tokens,
 )
 from infill_engine.training.tokenizer_training import SPECIAL_TOKENS, train_tokenizer
+from infill_engine.diffill_model import DiffillForInfilling
 from infill_engine.training.train import TrainConfig, iter_log, prepare_run, train
 
 # Real code to train on: small standard-library modules, the same in every Python.
@@ -412,3 +413,17 @@ def test_a_new_run_needs_data() -> None:
         TrainConfig(run_dir=Path("unused"), preset="huge")
     with pytest.raises(ValueError, match="max_span_tokens"):
         ObjectiveConfig(seq_len=64, max_span_tokens=64)
+
+
+def test_a_new_run_can_start_from_a_trained_model(tmp_path, source_dir):
+    from infill_engine.training.checkpoints import latest_checkpoint
+
+    first = tmp_path / "first"
+    train(tiny_config(first, source_dir, steps=2, checkpoint_every=2))
+    trained = latest_checkpoint(first)
+    second = tmp_path / "second"
+    train(tiny_config(second, source_dir, steps=2, checkpoint_every=2, lr=1e-12, init_from=trained))
+    before = DiffillForInfilling.from_pretrained(trained)
+    after = DiffillForInfilling.from_pretrained(latest_checkpoint(second))
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(before.parameters(), after.parameters()))
+    assert (second / "tokenizer" / "tokenizer.json").read_text() == (trained / "tokenizer.json").read_text()

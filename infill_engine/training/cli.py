@@ -23,6 +23,8 @@ def add_train_parser(subparsers: argparse._SubParsersAction) -> None:
                        help="evaluation data the corpus must not overlap (default: the shared HumanEval file)")
     train.add_argument("--preset", default="small",
                        help="model size and batch shape: tiny (tests), small (CPU), base (GPU) (default: small)")
+    train.add_argument("--init-from", metavar="MODEL",
+                       help="a new run starts from this model's weights and tokenizer, e.g. infill_engine/model")
     train.add_argument("--steps", type=int, help="length of the schedule in optimizer steps (default: the preset's)")
     train.add_argument("--batch-size", type=int, help="sequences per step (default: the preset's)")
     train.add_argument("--seq-len", type=int, help="tokens per sequence: prefix, span and suffix (default: preset)")
@@ -65,6 +67,7 @@ def run_train(args: argparse.Namespace) -> int:
             checkpoint_every=args.checkpoint_every,
             eval_every=args.eval_every,
             time_limit_minutes=args.time_limit,
+            init_from=args.init_from,
         )
         result = train(config)
     except (ValueError, FileNotFoundError) as error:

@@ -111,6 +111,7 @@ class TrainConfig:
     device: str = "auto"
     seed: int = 0
     resume: bool | None = None  # None: resume when the run directory has a checkpoint
+    init_from: Path | None = None  # a new run starts from this model's weights and tokenizer (e.g. the shipped one)
     checkpoint_every: int = 200  # steps
     eval_every: int = 100  # steps
     eval_batches: int = 4  # fixed held-out batches, the same at every evaluation
@@ -186,6 +187,10 @@ def prepare_run(config: TrainConfig) -> tuple[Corpus, Any]:
     tokenizer_dir = run_dir / "tokenizer"
     sources = [str(stdlib_directory())] if config.use_stdlib else []
     sources += [str(s) for s in config.sources]
+    if config.init_from is not None and not (tokenizer_dir / "tokenizer.json").is_file():
+        # a run that starts from a trained model keeps that model's tokenizer: its weights only make sense with it
+        run_dir.mkdir(parents=True, exist_ok=True)
+        AutoTokenizer.from_pretrained(config.init_from).save_pretrained(tokenizer_dir)
     if (run_dir / "corpus.jsonl").is_file() and (tokenizer_dir / "tokenizer.json").is_file():
         corpus = read_corpus(run_dir)
         if corpus.manifest.sources != sources:
@@ -196,7 +201,10 @@ def prepare_run(config: TrainConfig) -> tuple[Corpus, Any]:
     corpus = build_corpus(sources, config.bench_path)
     if not corpus.split("train"):
         raise ValueError(f"no usable source files under {', '.join(sources)}")
-    tokenizer = train_tokenizer((d.text for d in corpus.split("train")), vocab_size=config.vocab_size)
+    if (tokenizer_dir / "tokenizer.json").is_file():  # given by --init-from
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    else:
+        tokenizer = train_tokenizer((d.text for d in corpus.split("train")), vocab_size=config.vocab_size)
     chars, tokens = chars_per_token(tokenizer, (d.text for d in corpus.documents))
     py_chars, py_tokens = chars_per_token(tokenizer, (d.text for d in corpus.documents if d.path.endswith(".py")))
     corpus.manifest.tokens = tokens
@@ -420,7 +428,11 @@ def train(config: TrainConfig) -> TrainResult:
     eval_batches = [eval_stream.batch(config.batch_size) for _ in range(config.eval_batches)]
 
     torch.manual_seed(config.seed)
-    if checkpoint is None:
+    if checkpoint is None and config.init_from is not None:
+        logger.info("starting from the weights of %s", config.init_from)
+        model = DiffillForInfilling.from_pretrained(config.init_from, dtype=torch.float32)
+        state = TrainerState(preset=config.preset)
+    elif checkpoint is None:
         model = build_model(PRESETS[config.preset], tokenizer, config.seq_len)
         state = TrainerState(preset=config.preset)
     else:
