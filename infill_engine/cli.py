@@ -324,6 +324,20 @@ def run_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def parse_own_command(
+    argv: list[str], name: str, description: str, add_arguments: Any
+) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
+    """Parse `[-v] NAME [options]` for a subcommand with its own start-up path, and set up logging to stderr."""
+    parser = argparse.ArgumentParser(prog="diffill", description=description)
+    parser.add_argument("-v", "--verbose", action="store_true", help="log what happens to standard error")
+    commands = parser.add_subparsers(dest="command", required=True)
+    add_arguments(commands.add_parser(name, help=description))
+    args = parser.parse_args(list(argv))
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return parser, args
+
+
 def subcommand(argv: list[str]) -> str | None:
     """The subcommand a command line names after the global options (`-v`), or None."""
     index = 0

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 from collections.abc import Sequence
 
 
@@ -28,15 +27,9 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
 
 def run_serve(argv: Sequence[str]) -> int:
     """Parse `[-v] serve [options]` and run the language server."""
-    parser = argparse.ArgumentParser(prog="diffill", description="The diffill language server.")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log what happens to standard error")
-    commands = parser.add_subparsers(dest="command", required=True)
-    add_serve_arguments(commands.add_parser("serve", help="run the language server"))
-    args = parser.parse_args(list(argv))
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    from infill_engine.cli import parse_own_command
+
+    parser, args = parse_own_command(list(argv), "serve", "The diffill language server.", add_serve_arguments)
     logging.getLogger("pygls").setLevel(logging.WARNING)  # pygls logs every message at INFO
     from lsp_server.server import parse_tcp, serve
 

@@ -50,13 +50,9 @@ def add_engine_arguments(engine: argparse.ArgumentParser) -> None:
 
 def run_engine(argv: Sequence[str]) -> int:
     """Parse `[-v] engine [action] [options]` and run it."""
-    parser = argparse.ArgumentParser(prog="diffill", description="The shared diffill engine.")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log what happens to standard error")
-    commands = parser.add_subparsers(dest="command", required=True)
-    add_engine_arguments(commands.add_parser("engine", help="the shared engine service"))
-    args = parser.parse_args(list(argv))
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from infill_engine.cli import parse_own_command
+
+    parser, args = parse_own_command(list(argv), "engine", "The shared diffill engine.", add_engine_arguments)
     spec = EngineSpec(path=args.model, family=args.family, device=args.device, dtype=args.dtype,
                       trust_remote_code=args.trust_remote_code, factory=args.engine_factory)
     try:
