@@ -126,6 +126,19 @@ async def complete(client: LanguageClient, uri: str, line: int, character: int) 
     return await asyncio.wait_for(client.text_document_completion_async(params), WAIT)
 
 
+async def start_ready(client: LanguageClient, name: str, options: dict[str, Any] | None) -> None:
+    """Initialize as the named client, remember the answer and the name, and wait until the model is ready."""
+    client.init_result = await start(client, name, options)  # type: ignore[attr-defined]
+    client.client_name = name  # type: ignore[attr-defined]
+    info = await wait_until_loaded(client)
+    assert field_of(info, "state") == "ready", field_of(info, "message")
+
+
+def encoding(client: LanguageClient) -> str:
+    """The position encoding the server chose for this client."""
+    return encoding_of(client.init_result)  # type: ignore[attr-defined]
+
+
 def encoding_of(result: types.InitializeResult) -> str:
     return str(result.capabilities.position_encoding or types.PositionEncodingKind.Utf16)
 

@@ -23,15 +23,14 @@ from tests.lsp.conftest import (
     change_document,
     complete,
     debug_info,
-    encoding_of,
+    encoding,
     field_of,
     inline,
     open_document,
     problems,
     serve_command,
-    start,
+    start_ready,
     status_after,
-    wait_until_loaded,
 )
 
 pytestmark = pytest.mark.asyncio
@@ -45,15 +44,9 @@ SETTINGS = {"completion": {"debounceMs": 0}, "diagnostics": {"debounceMs": 0}, "
     scope="module", params=CLIENTS,
 )
 async def client(lsp_client: LanguageClient, request: pytest.FixtureRequest):
-    lsp_client.init_result = await start(lsp_client, request.param, SETTINGS)  # type: ignore[attr-defined]
-    info = await wait_until_loaded(lsp_client)
-    assert field_of(info, "state") == "ready", field_of(info, "message")
+    await start_ready(lsp_client, request.param, SETTINGS)
     yield
     await lsp_client.shutdown_session()
-
-
-def encoding(client: LanguageClient) -> str:
-    return encoding_of(client.init_result)  # type: ignore[attr-defined]
 
 
 def texts(result: types.InlineCompletionList | None) -> list[str]:

@@ -24,7 +24,7 @@ from tests.lsp.conftest import (
     apply_workspace_edit,
     complete,
     debug_info,
-    encoding_of,
+    encoding,
     field_of,
     inline,
     offset_of,
@@ -32,9 +32,8 @@ from tests.lsp.conftest import (
     problems,
     send_raw,
     serve_command,
-    start,
+    start_ready,
     status_after,
-    wait_until_loaded,
 )
 
 pytestmark = pytest.mark.asyncio
@@ -51,16 +50,9 @@ async def client(lsp_client: LanguageClient, request: pytest.FixtureRequest, tin
         "rewrite": {"maxTokens": 16},
         "diagnostics": {"debounceMs": 0},
     }
-    lsp_client.init_result = await start(lsp_client, request.param, settings)  # type: ignore[attr-defined]
-    lsp_client.client_name = request.param  # type: ignore[attr-defined]
-    info = await wait_until_loaded(lsp_client)
-    assert field_of(info, "state") == "ready", field_of(info, "message")
+    await start_ready(lsp_client, request.param, settings)
     yield
     await lsp_client.shutdown_session()
-
-
-def encoding(client: LanguageClient) -> str:
-    return encoding_of(client.init_result)  # type: ignore[attr-defined]
 
 
 def items_of(result) -> list:
