@@ -144,6 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
     model_options(humaneval)
     humaneval.add_argument("--data", help="JSONL(.gz) in the HumanEval-infilling format (default: ../shared/bench)")
     humaneval.add_argument("--limit", type=int, help="only the first N problems")
+    humaneval.add_argument("--sample", type=int, metavar="N",
+                           help="N problems spread evenly over the file, so every part of it is represented")
+    humaneval.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     humaneval.add_argument("--protocol", choices=["both", "unknown", "oracle"], default="both",
                            help="span length unknown (the engine decides), oracle (the true length), or both")
     humaneval.add_argument("--max-tokens", type=int, default=48, help="canvas positions, unknown length (default 48)")
@@ -290,11 +293,17 @@ def run_eval(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
     from infill_engine.engine import InfillEngine
-    from infill_engine.evaluation import DEFAULT_BENCH, PROTOCOLS, evaluate, load_problems
+    from infill_engine.evaluation import DEFAULT_BENCH, PROTOCOLS, evaluate, load_problems, spread_sample
     from infill_engine.loading import ModelLoadError
 
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     try:
         problems = load_problems(args.data or DEFAULT_BENCH, args.limit)
+        if args.sample is not None:
+            problems = spread_sample(problems, args.sample)
         engine = InfillEngine.load(args.model, family=args.family, device=args.device, dtype=args.dtype,
                                    trust_remote_code=args.trust_remote_code)
     except (ModelLoadError, ValueError) as error:

@@ -96,6 +96,15 @@ def load_problems(path: str | os.PathLike[str], limit: int | None = None) -> lis
     return problems
 
 
+def spread_sample(problems: list[Problem], count: int) -> list[Problem]:
+    """`count` problems spread evenly over the list (each of HumanEval's tasks has its lines in a row), in order."""
+    if count < 1:
+        raise ValueError(f"a sample needs at least 1 problem (got {count})")
+    if count >= len(problems):
+        return problems
+    return [problems[i * len(problems) // count] for i in range(count)]
+
+
 # Put first in the test program: the child caps its own memory and CPU time (no preexec_fn, which is unsafe when
 # tests run from several threads).
 SANDBOX_PRELUDE = (

@@ -63,3 +63,17 @@ def test_a_file_in_another_format_is_a_clear_error(capsys, tmp_path, model_dirs)
     code = main(["eval", "humaneval-infill", "--data", str(bad), "--model", str(model_dirs["diffill"])])
     assert code == 2
     assert "not a HumanEval-infilling problem" in capsys.readouterr().err
+
+
+def test_a_sample_spreads_over_the_whole_file(capsys, tmp_path, model_dirs):
+    many = tmp_path / "many.jsonl"
+    rows = [dict(PROBLEMS[i % 2], task_id=f"Toy/{i}/L1") for i in range(10)]
+    many.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    code = main(["eval", "humaneval-infill", "--data", str(many), "--model", str(model_dirs["diffill"]),
+                 "--sample", "3", "--protocol", "oracle", "--max-tokens", "8", "--out", str(tmp_path / "o.json")])
+    assert code == 0
+    outcomes = json.loads((tmp_path / "o.json").read_text())["outcomes"]["oracle"]
+    assert [o["task_id"] for o in outcomes] == ["Toy/0/L1", "Toy/3/L1", "Toy/6/L1"]
+    assert main(["eval", "humaneval-infill", "--data", str(many), "--model", str(model_dirs["diffill"]),
+                 "--sample", "0"]) == 2
+    assert "at least 1 problem" in capsys.readouterr().err
