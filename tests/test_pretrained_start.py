@@ -112,9 +112,14 @@ def test_a_run_starts_from_a_causal_model_and_serves(llama_dir: Path, tmp_path: 
     checkpoint = train(config).checkpoint
     start = DiffillForInfilling.from_pretrained(tmp_path / "run" / "start")
     trained = DiffillForInfilling.from_pretrained(checkpoint)
-    # --train-layers 1: the lower block is frozen, the top one learns
+    # --train-layers 1: the lower block and the causal model's own embedding rows are frozen; the top block and
+    # the new tokens' rows learn
     assert torch.equal(start.layers[0].mlp.down_proj.weight, trained.layers[0].mlp.down_proj.weight)
     assert not torch.equal(start.layers[1].mlp.down_proj.weight, trained.layers[1].mlp.down_proj.weight)
+    mask_id = trained.config.mask_token_id
+    old_rows = slice(0, min(mask_id, trained.config.end_of_span_token_id))
+    assert torch.equal(start.embed_tokens.weight[old_rows], trained.embed_tokens.weight[old_rows])
+    assert not torch.equal(start.embed_tokens.weight[mask_id], trained.embed_tokens.weight[mask_id])
 
     denoiser = load_denoiser(checkpoint, device="cpu")
     assert denoiser.family == "diffill" and denoiser.special.mask_id == denoiser.tokenizer.mask_token_id

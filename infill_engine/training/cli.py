@@ -34,8 +34,8 @@ def add_train_parser(subparsers: argparse._SubParsersAction) -> None:
     train.add_argument("--vocab-size", type=int, help="tokenizer size for a new run (default: the preset's)")
     train.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: auto)")
     train.add_argument("--train-layers", type=int, metavar="N",
-                       help="train only the top N blocks, the final norm and the embedding (default: all); "
-                            "cheaper for a large pretrained start")
+                       help="train only the top N blocks, the final norm and the special tokens' embedding rows "
+                            "(default: everything); cheaper for a large pretrained start")
     train.add_argument("--threads", type=int, default=2, metavar="N",
                        help="CPU threads for torch (default: 2; use 1 when another job shares a 2-core machine)")
     train.add_argument("--seed", type=int, default=0, help="random seed of weights and data (default: 0)")

@@ -314,12 +314,22 @@ def lr_factor(step: int, warmup_steps: int, total_steps: int, min_ratio: float) 
 
 
 def freeze_lower_layers(model: DiffillForInfilling, train_layers: int) -> None:
-    """Train only the top `train_layers` blocks, the final norm and the embedding; the blocks below stay frozen."""
+    """Train only the top `train_layers` blocks, the final norm and the special tokens' embedding rows.
+
+    Everything else keeps the starting model's values, so the trained model is those weights plus a small part.
+    """
     layers = model.config.num_hidden_layers
     if not 1 <= train_layers <= layers:
         raise ValueError(f"--train-layers must be between 1 and the model's {layers} layers (got {train_layers})")
     for block in model.layers[: layers - train_layers]:
         block.requires_grad_(False)
+    config = model.config
+    special = [i for i in (config.mask_token_id, config.end_of_span_token_id, config.pad_token_id) if i is not None]
+    embedding = model.embed_tokens.weight
+    trained_rows = torch.zeros(embedding.shape[0], 1, dtype=embedding.dtype, device=embedding.device)
+    trained_rows[special] = 1.0
+    embedding.register_hook(lambda grad: grad * trained_rows)  # input and (tied) output gradients alike
+    embedding.rows_frozen = True  # make_optimizer: no weight decay, which would move the frozen rows
     logger.info("training the top %d of %d layers (%d trainable parameters)", train_layers, layers,
                 sum(p.numel() for p in model.parameters() if p.requires_grad))
 
@@ -327,8 +337,9 @@ def freeze_lower_layers(model: DiffillForInfilling, train_layers: int) -> None:
 def make_optimizer(model: torch.nn.Module, config: TrainConfig, device: torch.device) -> torch.optim.AdamW:
     """AdamW over the trainable weights: decay on matrices (embeddings included), none on norms."""
     trainable = [p for p in model.parameters() if p.requires_grad]
-    decay = [p for p in trainable if p.dim() >= 2]
-    no_decay = [p for p in trainable if p.dim() < 2]
+    decay = [p for p in trainable if p.dim() >= 2 and not getattr(p, "rows_frozen", False)]
+    decayed = {id(p) for p in decay}
+    no_decay = [p for p in trainable if id(p) not in decayed]
     groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=config.lr, betas=(0.9, 0.95), eps=1e-8, fused=device.type == "cuda")
 
