@@ -1,4 +1,4 @@
-"""Benchmarks: what a fill costs on this machine (`diffill bench spans`). Benchmarks measure; tests assert."""
+"""Benchmarks: what a fill costs on this machine (`diffill bench spans|ghost`). Benchmarks measure; tests assert."""
 
 from __future__ import annotations
 
@@ -39,3 +39,32 @@ def bench_spans(engine: InfillEngine, spans: list[int], repeats: int = 3) -> lis
             "ms_total": round(statistics.median(s.ms["total"] for s in runs), 1),
         })
     return rows
+
+
+def _percentile(values: list[float], share: float) -> float:
+    """The value below which `share` of the sorted values fall (nearest rank)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(share * len(ordered)) - 1))]
+
+
+def bench_ghost(
+    engine: InfillEngine, holes: list[tuple[str, str]], max_tokens: int = 24, candidates: int = 1
+) -> dict[str, Any]:
+    """Single-line ghost text as an editor asks for it at each (prefix, suffix) hole: latency, steps, yield."""
+    engine.fill(InfillRequest(*holes[0], "python", max_tokens=max_tokens, single_line=True))  # warm-up, not counted
+    runs = [
+        engine.fill(InfillRequest(prefix, suffix, "python", max_tokens=max_tokens, candidates=candidates,
+                                  single_line=True))
+        for prefix, suffix in holes
+    ]
+    totals = [r.stats.ms["total"] for r in runs]
+    return {
+        "holes": len(runs),
+        "max_tokens": max_tokens,
+        "candidates": candidates,
+        "ms_median": round(statistics.median(totals), 1),
+        "ms_p90": round(_percentile(totals, 0.9), 1),
+        "forward_passes_median": statistics.median(r.stats.forward_passes for r in runs),
+        "tokens_per_forward": round(statistics.median(r.stats.tokens_per_forward for r in runs), 3),
+        "with_suggestion": round(sum(1 for r in runs if r.candidates and r.candidates[0].text.strip()) / len(runs), 3),
+    }

@@ -137,6 +137,14 @@ def build_parser() -> argparse.ArgumentParser:
     spans.add_argument("--repeats", type=int, default=3, help="measured runs per span (default: 3)")
     spans.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     spans.add_argument("--json", action="store_true", help="print JSON")
+    ghost = bench_kinds.add_parser("ghost", help="single-line ghost-text latency at the benchmark's holes")
+    model_options(ghost)
+    ghost.add_argument("--data", help="JSONL(.gz) in the HumanEval-infilling format (default: ../shared/bench)")
+    ghost.add_argument("--sample", type=int, default=30, metavar="N", help="holes, spread over the file (default 30)")
+    ghost.add_argument("--max-tokens", type=int, default=24, help="span positions (default 24, as mid-line)")
+    ghost.add_argument("--candidates", type=int, default=1, help="canvases denoised together (default 1)")
+    ghost.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    ghost.add_argument("--json", action="store_true", help="print JSON")
 
     evaluation = commands.add_parser("eval", help="score a model on an infilling benchmark")
     suites = evaluation.add_subparsers(dest="suite", required=True)
@@ -258,20 +266,34 @@ def run_doctor(args: argparse.Namespace) -> int:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    """`diffill bench spans`: a table of per-step cost by span length."""
+    """`diffill bench spans|ghost`: per-step cost by span length, or ghost-text latency at real holes."""
     import torch
 
-    from infill_engine.bench import bench_spans
+    from infill_engine.bench import bench_ghost, bench_spans
     from infill_engine.engine import InfillEngine
+    from infill_engine.evaluation import DEFAULT_BENCH, load_problems, spread_sample
     from infill_engine.loading import ModelLoadError
 
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
+        holes = []
+        if args.bench == "ghost":
+            problems = spread_sample(load_problems(args.data or DEFAULT_BENCH), args.sample)
+            holes = [(p.prompt, p.suffix) for p in problems]
         engine = InfillEngine.load(args.model, family=args.family, device=args.device, dtype=args.dtype,
                                    trust_remote_code=args.trust_remote_code)
+        if args.bench == "ghost":
+            report = bench_ghost(engine, holes, args.max_tokens, args.candidates)
     except (ModelLoadError, ValueError) as error:
         raise UsageError(str(error)) from None
+    if args.bench == "ghost":
+        report = {"model": engine.denoiser.path, "threads": torch.get_num_threads(), **report}
+        if args.json:
+            print(json.dumps(report, indent=2))
+        else:
+            print("\n".join(f"{key}: {value}" for key, value in report.items()))
+        return 0
     rows = bench_spans(engine, args.spans, args.repeats)
     if args.json:
         print(json.dumps({"model": engine.denoiser.path, "family": engine.denoiser.family, "rows": rows}, indent=2))

@@ -77,3 +77,16 @@ def test_a_sample_spreads_over_the_whole_file(capsys, tmp_path, model_dirs):
     assert main(["eval", "humaneval-infill", "--data", str(many), "--model", str(model_dirs["diffill"]),
                  "--sample", "0"]) == 2
     assert "at least 1 problem" in capsys.readouterr().err
+
+
+def test_bench_ghost_fills_each_hole_as_single_line_ghost_text(capsys, bench_file, model_dirs):
+    code = main(["bench", "ghost", "--data", str(bench_file), "--model", str(model_dirs["diffill"]), "--sample", "2",
+                 "--max-tokens", "6", "--json"])
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["holes"], report["max_tokens"], report["candidates"]) == (2, 6, 1)
+    assert 1 <= report["forward_passes_median"] <= 6 * 3  # a 6-position span, and at most two repair rounds
+    assert 0.0 <= report["with_suggestion"] <= 1.0
+    assert main(["bench", "ghost", "--data", str(bench_file), "--model", str(model_dirs["diffill"]),
+                 "--max-tokens", "0"]) == 2
+    assert "max_tokens" in capsys.readouterr().err
