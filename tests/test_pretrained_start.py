@@ -144,3 +144,35 @@ def test_grouped_query_config_must_divide_the_heads() -> None:
 
     with pytest.raises(StrictDataclassClassValidationError, match="multiple of num_key_value_heads"):
         DiffillConfig(num_attention_heads=4, num_key_value_heads=3)
+
+
+def test_a_model_trained_from_a_causal_lm_ships_as_a_delta_over_it(llama_dir: Path, tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    from infill_engine.engine import InfillEngine, InfillRequest
+    from infill_engine.loading import load_denoiser
+    from infill_engine.training.export import export_checkpoint
+
+    sources = tmp_path / "sources"
+    sources.mkdir()
+    (sources / "m.py").write_text("".join(f"def f{j}(x):\n    return x * {j}\n\n" for j in range(200)))
+    config = TrainConfig(
+        run_dir=tmp_path / "run", sources=(str(sources),), use_stdlib=False, bench_path=str(tmp_path / "none.gz"),
+        preset="tiny", steps=2, batch_size=2, seq_len=80, checkpoint_every=2, eval_every=2, eval_batches=1,
+        log_every=1, progress=False, init_from=llama_dir, train_layers=1,
+    )
+    checkpoint = train(config).checkpoint
+    delta_dir = export_checkpoint(checkpoint, tmp_path / "delta", delta_base=str(llama_dir))
+
+    stored = load_file(str(delta_dir / "delta.safetensors"))
+    assert {name.split(".")[0] for name in stored} <= {"layers", "norm", "embed_tokens"}
+    assert not any(name.startswith("layers.0.") for name in stored)  # the frozen block comes from the base
+    assert len(stored["embed_tokens.weight:rows"]) <= 3  # mask, end-of-span, pad
+    assert not (delta_dir / "model.safetensors").exists()
+
+    full = load_denoiser(checkpoint, device="cpu").model.state_dict()
+    rebuilt = load_denoiser(delta_dir, device="cpu")
+    for name, tensor in rebuilt.model.state_dict().items():
+        assert torch.allclose(tensor, full[name], rtol=1e-2, atol=1e-3), name  # trained parts went through bfloat16
+    result = InfillEngine(rebuilt).fill(InfillRequest(prefix=PREFIX, suffix=SUFFIX, max_tokens=6, gate=False))
+    assert result.candidates

@@ -1,6 +1,9 @@
 """Export a training checkpoint as the shipped embedded model: weights in bfloat16, tokenizer, nothing else.
 
-    python -m infill_engine.training.export runs/NAME/checkpoints/step-N [infill_engine/model]
+    python -m infill_engine.training.export runs/NAME/checkpoints/step-N [infill_engine/model] [--delta BASE]
+
+With `--delta BASE` (what the run's --init-from named, e.g. smollm2) only what training changed is written, and the
+model loads by converting BASE again (see infill_engine/delta_model.py).
 
 The destination is written beside itself and renamed into place, so a failed export never leaves half a model.
 """
@@ -15,7 +18,9 @@ from pathlib import Path
 from infill_engine.loading import PACKAGED_MODEL
 
 
-def export_checkpoint(checkpoint: str | Path, destination: str | Path = PACKAGED_MODEL) -> Path:
+def export_checkpoint(
+    checkpoint: str | Path, destination: str | Path = PACKAGED_MODEL, delta_base: str | None = None
+) -> Path:
     """Write `checkpoint`'s model (bfloat16 safetensors, shards of at most 16 MB) and tokenizer to `destination`."""
     import torch
     from transformers import AutoModelForMaskedLM, AutoTokenizer
@@ -23,12 +28,20 @@ def export_checkpoint(checkpoint: str | Path, destination: str | Path = PACKAGED
     import infill_engine.diffill_model  # noqa: F401  (registers the model class)
 
     destination = Path(destination)
-    model = AutoModelForMaskedLM.from_pretrained(checkpoint, dtype=torch.bfloat16)
+    # a delta compares the trained weights with the start's exactly, so it reads them at full precision
+    model = AutoModelForMaskedLM.from_pretrained(checkpoint, dtype=torch.float32 if delta_base else torch.bfloat16)
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
     staging = Path(tempfile.mkdtemp(prefix=f".{destination.name}.", dir=destination.parent))
     try:
-        model.save_pretrained(staging, max_shard_size="16MB")
-        tokenizer.save_pretrained(staging)
+        if delta_base is not None:
+            from infill_engine.delta_model import write_delta_model
+            from infill_engine.training.pretrained_start import diffill_from_causal_lm
+
+            start, _ = diffill_from_causal_lm(delta_base)
+            write_delta_model(model, tokenizer, start, delta_base, staging)
+        else:
+            model.save_pretrained(staging, max_shard_size="16MB")
+            tokenizer.save_pretrained(staging)
         if destination.exists():
             shutil.rmtree(destination)
         staging.rename(destination)
@@ -39,6 +52,12 @@ def export_checkpoint(checkpoint: str | Path, destination: str | Path = PACKAGED
 
 
 if __name__ == "__main__":
-    if len(sys.argv) not in (2, 3):
-        sys.exit("usage: python -m infill_engine.training.export CHECKPOINT [DESTINATION]")
-    print(export_checkpoint(*sys.argv[1:]))
+    arguments = sys.argv[1:]
+    base = None
+    if "--delta" in arguments and arguments.index("--delta") + 1 < len(arguments):
+        at = arguments.index("--delta")
+        base = arguments[at + 1]
+        del arguments[at : at + 2]
+    if len(arguments) not in (1, 2):
+        sys.exit("usage: python -m infill_engine.training.export CHECKPOINT [DESTINATION] [--delta BASE]")
+    print(export_checkpoint(*arguments, delta_base=base))
