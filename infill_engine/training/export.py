@@ -42,6 +42,9 @@ def export_checkpoint(
         else:
             model.save_pretrained(staging, max_shard_size="16MB")
             tokenizer.save_pretrained(staging)
+        staging.chmod(0o755)  # mkdtemp makes it private; a model directory is readable by everyone
+        for written in staging.iterdir():
+            written.chmod(0o644)
         if destination.exists():
             shutil.rmtree(destination)
         staging.rename(destination)

@@ -330,8 +330,9 @@ def freeze_lower_layers(model: DiffillForInfilling, train_layers: int) -> None:
     trained_rows[special] = 1.0
     embedding.register_hook(lambda grad: grad * trained_rows)  # input and (tied) output gradients alike
     embedding.rows_frozen = True  # make_optimizer: no weight decay, which would move the frozen rows
-    logger.info("training the top %d of %d layers (%d trainable parameters)", train_layers, layers,
-                sum(p.numel() for p in model.parameters() if p.requires_grad))
+    trained = sum(p.numel() for p in model.parameters() if p.requires_grad and p is not embedding)
+    logger.info("training the top %d of %d layers and %d embedding rows (%d parameters)", train_layers, layers,
+                len(special), trained + len(special) * embedding.shape[1])
 
 
 def make_optimizer(model: torch.nn.Module, config: TrainConfig, device: torch.device) -> torch.optim.AdamW:
