@@ -68,6 +68,8 @@ class InfillEngine:
         stats = FillStats(candidates=request.candidates, canvas_positions=request.max_tokens)
         language = syntax.language_for(request.language) if request.language else None
         config = self.sampler if request.seed is None else replace(self.sampler, seed=request.seed)
+        if request.single_line:  # the fill is cut at its first line break: stop denoising there
+            config = replace(config, stop_at_line_break=True)
         with stats.timed("total"):
             with stats.timed("tokenize"):
                 trimmed = trim_context(

@@ -49,6 +49,8 @@ class SamplerConfig:
         allow_end_of_span: the model may end the span early; False fills every position (a known length).
         min_tokens: the span holds at least this many tokens before it may end (an empty fill is never offered,
             so by default the first position cannot end it).
+        stop_at_line_break: single-line fills: once the committed run from the span start holds a line break, the
+            span ends there (what follows would be cut anyway), so no step is spent on it.
         seed: the random seed; the same seed and inputs give the same output.
     """
 
@@ -67,6 +69,7 @@ class SamplerConfig:
     suppress_special: bool = True
     allow_end_of_span: bool = True
     min_tokens: int = 1
+    stop_at_line_break: bool = False
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -299,6 +302,8 @@ def denoise_block(
             state.probs = torch.where(commit, drawn_probs, state.probs)
             state.committed |= commit
             revise_committed(denoiser, state, model_probs, argmax, active & ~commit, config, generator)
+            if config.stop_at_line_break:
+                end_after_line_break(denoiser, state)
             settle_ends(denoiser, state)
 
         # early stop: the argmax canvas is stable and the model is confident about the whole window
@@ -364,6 +369,23 @@ def settle_ends(denoiser: Denoiser, state: "CanvasState") -> None:
     """Positions after a committed end-of-span token are end-of-span too: the span has ended there."""
     if denoiser.special.end_of_span_ids:
         fill_after_end(state.tokens, state.committed, denoiser.special.end_of_span_ids[0], state.frozen)
+
+
+def end_after_line_break(denoiser: Denoiser, state: "CanvasState") -> None:
+    """Commit end-of-span right after the first line break of the committed run that starts the span."""
+    if not denoiser.special.end_of_span_ids:
+        return
+    breaks = denoiser.line_break_ids.to(state.tokens.device)
+    leading = state.committed.long().cumprod(dim=-1).bool()  # (B, N) every position up to here is committed
+    is_break = torch.isin(state.tokens, breaks) & leading
+    if not bool(is_break.any()):
+        return
+    length = state.tokens.shape[1]
+    positions = torch.arange(length, device=state.tokens.device)
+    first = torch.where(is_break, positions, length).min(dim=-1).values  # (B,) length where a row has none
+    ends = (positions[None, :] == first[:, None] + 1) & ~state.frozen  # (B, N)
+    state.tokens = torch.where(ends, denoiser.special.end_of_span_ids[0], state.tokens)
+    state.committed |= ends  # settle_ends then fills the rest of the row
 
 
 def forbid_early_end(logits: torch.Tensor, state: "CanvasState", end_ids: tuple[int, ...]) -> torch.Tensor:

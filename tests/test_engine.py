@@ -101,6 +101,24 @@ def test_single_line_fill_ends_at_the_first_line_break(tokenizer):
     assert result.text == "a + b"
 
 
+def test_single_line_fill_stops_denoising_at_the_line_break(tokenizer):
+    from dataclasses import replace
+
+    # every position is under the commit threshold, the leftmost most confident: one commit per step, left to right
+    script = "a + b\nprint(x + y)\n"
+    margins = [6.0 - 0.1 * i for i in range(24)]
+    runs = {}
+    for single_line in (False, True):
+        denoiser = ScriptedDenoiser(tokenizer, [script], confidence=margins)
+        engine = InfillEngine(denoiser, sampler=replace(SURE, steps=24))
+        result = engine.fill(InfillRequest("y = ", "\n", language="python", max_tokens=24, gate=False,
+                                           single_line=single_line))
+        runs[single_line] = (result.candidates[0].text, denoiser.calls)
+    line_tokens = len(tokenizer("a + b\n", add_special_tokens=False)["input_ids"])
+    assert runs[True] == ("a + b", line_tokens)  # one step per token up to and including the line break
+    assert runs[False][0].startswith("a + b\nprint(") and runs[False][1] > line_tokens
+
+
 def test_no_repair_budget_rejects_at_once(tokenizer):
     denoiser = ScriptedDenoiser(tokenizer, ["foo(x"], later_scripts=["foo(x)"])
     engine = InfillEngine(denoiser, sampler=SURE)

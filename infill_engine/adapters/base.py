@@ -7,6 +7,7 @@ cache, or plain token ids that are run again) is the adapter's business.
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -44,6 +45,12 @@ class Denoiser(ABC):
         self.tokenizer = tokenizer
         self.special = special
         self.path = path
+
+    @functools.cached_property
+    def line_break_ids(self) -> torch.Tensor:
+        """(K,) ids of the tokens whose text holds a line break, read from the tokenizer once."""
+        texts = self.tokenizer.batch_decode([[i] for i in range(len(self.tokenizer))])
+        return torch.tensor([i for i, text in enumerate(texts) if "\n" in text], dtype=torch.long)
 
     @property
     def device(self) -> torch.device:
