@@ -96,6 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
             "--trust-remote-code", action="store_true", help="allow a checkpoint's own modelling code (off by default)"
         )
 
+    def measured_options(command: argparse.ArgumentParser) -> None:
+        model_options(command)
+        command.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+
     fill = commands.add_parser("fill", help="fill the hole at a position or marker and print the fill")
     fill.add_argument("target", help="FILE:LINE:COL (1-based), or FILE with --hole; '-' reads standard input")
     fill.add_argument("--hole", metavar="MARKER", help="fill where this marker string stands (it is removed)")
@@ -132,29 +136,26 @@ def build_parser() -> argparse.ArgumentParser:
     bench = commands.add_parser("bench", help="measure what fills cost on this machine")
     bench_kinds = bench.add_subparsers(dest="bench", required=True)
     spans = bench_kinds.add_parser("spans", help="ms per denoising step and tokens per forward by span length")
-    model_options(spans)
+    measured_options(spans)
     spans.add_argument("--spans", type=int, nargs="+", default=[16, 64, 256], help="span lengths (default: 16 64 256)")
     spans.add_argument("--repeats", type=int, default=3, help="measured runs per span (default: 3)")
-    spans.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     spans.add_argument("--json", action="store_true", help="print JSON")
     ghost = bench_kinds.add_parser("ghost", help="single-line ghost-text latency at the benchmark's holes")
-    model_options(ghost)
+    measured_options(ghost)
     ghost.add_argument("--data", help="JSONL(.gz) in the HumanEval-infilling format (default: ../shared/bench)")
     ghost.add_argument("--sample", type=int, default=30, metavar="N", help="holes, spread over the file (default 30)")
     ghost.add_argument("--max-tokens", type=int, default=24, help="span positions (default 24, as mid-line)")
     ghost.add_argument("--candidates", type=int, default=1, help="canvases denoised together (default 1)")
-    ghost.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     ghost.add_argument("--json", action="store_true", help="print JSON")
 
     evaluation = commands.add_parser("eval", help="score a model on an infilling benchmark")
     suites = evaluation.add_subparsers(dest="suite", required=True)
     humaneval = suites.add_parser("humaneval-infill", help="HumanEval single-line infilling: pass@1 and more")
-    model_options(humaneval)
+    measured_options(humaneval)
     humaneval.add_argument("--data", help="JSONL(.gz) in the HumanEval-infilling format (default: ../shared/bench)")
     humaneval.add_argument("--limit", type=int, help="only the first N problems")
     humaneval.add_argument("--sample", type=int, metavar="N",
                            help="N problems spread evenly over the file, so every part of it is represented")
-    humaneval.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     humaneval.add_argument("--protocol", choices=["both", "unknown", "oracle"], default="both",
                            help="span length unknown (the engine decides), oracle (the true length), or both")
     humaneval.add_argument("--max-tokens", type=int, default=48, help="canvas positions, unknown length (default 48)")
@@ -162,6 +163,22 @@ def build_parser() -> argparse.ArgumentParser:
     humaneval.add_argument("--out", help="also write every completion and verdict to this JSON file")
     humaneval.add_argument("--json", action="store_true", help="print JSON")
     return parser
+
+
+def load_engine(args: argparse.Namespace) -> Any:
+    """The engine of the command line's model options (and --threads where the command has it)."""
+    from infill_engine.engine import InfillEngine
+    from infill_engine.loading import ModelLoadError
+
+    if getattr(args, "threads", None):
+        import torch
+
+        torch.set_num_threads(args.threads)
+    try:
+        return InfillEngine.load(args.model, family=args.family, device=args.device, dtype=args.dtype,
+                                 trust_remote_code=args.trust_remote_code)
+    except (ModelLoadError, ValueError) as error:
+        raise UsageError(str(error)) from None
 
 
 def sampler_from_args(args: argparse.Namespace, base: Any) -> Any:
@@ -183,21 +200,14 @@ def sampler_from_args(args: argparse.Namespace, base: Any) -> Any:
 
 def run_fill(args: argparse.Namespace) -> int:
     """`diffill fill`: print the best fill, all candidates with --no-gate, or JSON."""
-    from infill_engine.engine import InfillEngine, InfillRequest
-    from infill_engine.loading import ModelLoadError
+    from infill_engine.engine import InfillRequest
     from infill_engine.syntax import language_for
 
     hole = parse_target(args.target, args.hole)
     language = args.language or (None if hole.path == "-" else hole.path)
     if args.language and language_for(args.language) is None:
         logging.getLogger(__name__).warning("unknown language %r: only brackets are checked", args.language)
-    try:
-        engine = InfillEngine.load(
-            args.model, family=args.family, device=args.device, dtype=args.dtype,
-            trust_remote_code=args.trust_remote_code,
-        )
-    except (ModelLoadError, ValueError) as error:
-        raise UsageError(str(error)) from None
+    engine = load_engine(args)
     engine.sampler = sampler_from_args(args, engine.sampler)
     request = InfillRequest(
         prefix=hole.prefix, suffix=hole.suffix, language=language, max_tokens=args.max_tokens,
@@ -270,22 +280,17 @@ def run_bench(args: argparse.Namespace) -> int:
     import torch
 
     from infill_engine.bench import bench_ghost, bench_spans
-    from infill_engine.engine import InfillEngine
     from infill_engine.evaluation import DEFAULT_BENCH, load_problems, spread_sample
-    from infill_engine.loading import ModelLoadError
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
     try:
         holes = []
         if args.bench == "ghost":
             problems = spread_sample(load_problems(args.data or DEFAULT_BENCH), args.sample)
             holes = [(p.prompt, p.suffix) for p in problems]
-        engine = InfillEngine.load(args.model, family=args.family, device=args.device, dtype=args.dtype,
-                                   trust_remote_code=args.trust_remote_code)
+        engine = load_engine(args)
         if args.bench == "ghost":
             report = bench_ghost(engine, holes, args.max_tokens, args.candidates)
-    except (ModelLoadError, ValueError) as error:
+    except ValueError as error:
         raise UsageError(str(error)) from None
     if args.bench == "ghost":
         report = {"model": engine.denoiser.path, "threads": torch.get_num_threads(), **report}
@@ -314,22 +319,15 @@ def run_eval(args: argparse.Namespace) -> int:
     """`diffill eval humaneval-infill`: the score table of both protocols."""
     from dataclasses import asdict
 
-    from infill_engine.engine import InfillEngine
     from infill_engine.evaluation import DEFAULT_BENCH, PROTOCOLS, evaluate, load_problems, spread_sample
-    from infill_engine.loading import ModelLoadError
 
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
     try:
         problems = load_problems(args.data or DEFAULT_BENCH, args.limit)
         if args.sample is not None:
             problems = spread_sample(problems, args.sample)
-        engine = InfillEngine.load(args.model, family=args.family, device=args.device, dtype=args.dtype,
-                                   trust_remote_code=args.trust_remote_code)
-    except (ModelLoadError, ValueError) as error:
+    except ValueError as error:
         raise UsageError(str(error)) from None
+    engine = load_engine(args)
     protocols = PROTOCOLS if args.protocol == "both" else (args.protocol,)
 
     def progress(protocol: str, done: int, total: int) -> None:
