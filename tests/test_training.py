@@ -427,3 +427,65 @@ def test_a_new_run_can_start_from_a_trained_model(tmp_path, source_dir):
     after = DiffillForInfilling.from_pretrained(latest_checkpoint(second))
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(before.parameters(), after.parameters()))
     assert (second / "tokenizer" / "tokenizer.json").read_text() == (trained / "tokenizer.json").read_text()
+
+
+# ------------------------------------------------------------------------------------------------- dense supervision
+
+
+def test_dense_labels_cover_the_context_and_never_read_the_canvas(tokenizer, source_dir: Path) -> None:
+    """Every context token is a next-token target except position 0 and the suffix's first token."""
+    from infill_engine.training.objective import next_token_targets
+
+    tokens = span_tokens(tokenizer)
+    config = ObjectiveConfig(seq_len=120, max_span_tokens=40)
+    document = (source_dir / "heapq.py").read_text()
+    example = make_example(tokenizer, document, random.Random(4), tokens, config)
+    targets = next_token_targets(example)
+    canvas = example.canvas
+    assert targets[0] == IGNORE_INDEX
+    assert all(t == IGNORE_INDEX for t in targets[canvas.span_start : canvas.suffix_start + 1])
+    labelled = [i for i, t in enumerate(targets) if t != IGNORE_INDEX]
+    assert labelled and all(targets[i] == example.input_ids[i] for i in labelled)
+    context = [i for i in range(1, len(targets)) if not canvas.span_start <= i <= canvas.suffix_start]
+    assert labelled == context
+
+
+def test_dense_training_reads_causally_and_serves_the_same_logits(tokenizer, source_dir: Path) -> None:
+    """A dense run's model is causal and shifted, its loss adds the context's, and serving computes what it trained."""
+    from infill_engine.adapters.diffill import DiffillDenoiser
+    from infill_engine.special_tokens import resolve_special_tokens
+    from infill_engine.training.train import PRESETS, build_model
+
+    tokens = span_tokens(tokenizer)
+    config = ObjectiveConfig(seq_len=120, max_span_tokens=40)
+    torch.manual_seed(0)
+    model = build_model(PRESETS["tiny"], tokenizer, config.seq_len, dense=True).eval()
+    assert model.config.shift_logits and model.config.causal_context
+    document = (source_dir / "heapq.py").read_text()
+    examples = [make_example(tokenizer, document, random.Random(seed), tokens, config) for seed in range(3)]
+    batch = collate(examples, tokens.pad_id, dense=True)
+    span_only = {k: v for k, v in batch.items() if k != "next_token_labels"}
+    with torch.no_grad():
+        dense_loss = model(**batch, loss_only=True).loss
+        span_loss = model(**span_only, loss_only=True).loss
+        full = model(**batch)
+    assert dense_loss > span_loss  # the next-token term is added, not averaged into the span's
+    torch.testing.assert_close(full.loss, dense_loss, atol=1e-4, rtol=1e-4)
+    denoiser = DiffillDenoiser(model, tokenizer, resolve_special_tokens(tokenizer, model.config), "memory")
+    for row, example in enumerate(examples):
+        canvas = example.canvas
+        context = denoiser.encode(canvas.prefix_ids, canvas.suffix_ids, canvas.span_length, 1)
+        span = torch.tensor([example.input_ids[canvas.span_start : canvas.suffix_start]])
+        served = denoiser.predict(context, span)[0]  # (N, V)
+        torch.testing.assert_close(full.logits[row, canvas.span_start : canvas.suffix_start], served,
+                                   atol=1e-4, rtol=1e-4)
+
+
+def test_a_dense_run_switches_a_trained_model_to_causal_reading(tmp_path, source_dir):
+    first = tmp_path / "first"
+    train(tiny_config(first, source_dir, steps=2, checkpoint_every=2))
+    second = tmp_path / "second"
+    result = train(tiny_config(second, source_dir, steps=2, checkpoint_every=2, dense=True,
+                               init_from=latest_checkpoint(first)))
+    trained = DiffillForInfilling.from_pretrained(result.checkpoint)
+    assert trained.config.shift_logits and trained.config.causal_context

@@ -305,6 +305,8 @@ class DiffillForInfilling(DiffillPreTrainedModel):
         labels: torch.LongTensor | None = None,
         loss_weights: torch.Tensor | None = None,
         loss_only: bool = False,
+        next_token_labels: torch.LongTensor | None = None,
+        next_token_weight: float = 1.0,
         **kwargs,
     ) -> MaskedLMOutput:
         """One pass over context and canvas together (training); canvas_mask None means all positions are canvas.
@@ -313,6 +315,10 @@ class DiffillForInfilling(DiffillPreTrainedModel):
 
         With `loss_only` (and labels), the output layer runs only at labelled positions (the span: about a fifth of
         a training sequence) and no logits are returned; the loss is the same.
+
+        `next_token_labels` (B, T), for dense supervision of a shift_logits model: each labelled context position's
+        (shifted) output is also trained to predict its token, as an autoregressive model is; the loss becomes the
+        span's loss plus `next_token_weight` times the mean next-token cross-entropy.
         """
         B, T = input_ids.shape
         if position_ids is None:
@@ -332,14 +338,22 @@ class DiffillForInfilling(DiffillPreTrainedModel):
             x, _, _ = block(x, cos, sin, attn_mask)
         if self.config.shift_logits:  # position t reads the output at t - 1; the first position keeps its own
             x = torch.cat([x[:, :1], x[:, :-1]], dim=1)  # (B, T, E)
+        if next_token_labels is not None and not self.config.shift_logits:
+            raise ValueError("next_token_labels need a shift_logits model (the output at t - 1 predicts token t)")
         if loss_only and labels is not None:
             labelled = labels != IGNORE_INDEX  # (B, T)
             weights = None if loss_weights is None else loss_weights[labelled][None]
             span_logits = self.lm_head(self.norm(x[labelled]))[None]  # (1, L, V)
             loss = masked_diffusion_loss(span_logits, labels[labelled][None], weights)
+            if next_token_labels is not None:
+                context = next_token_labels != IGNORE_INDEX  # (B, T)
+                context_logits = self.lm_head(self.norm(x[context]))  # (L', V)
+                loss = loss + next_token_weight * F.cross_entropy(context_logits.float(), next_token_labels[context])
             return MaskedLMOutput(loss=loss, logits=None)
         logits = self.lm_head(self.norm(x))  # (B, T, V)
         loss = None if labels is None else masked_diffusion_loss(logits, labels, loss_weights)
+        if loss is not None and next_token_labels is not None:
+            loss = loss + next_token_weight * masked_diffusion_loss(logits, next_token_labels)
         return MaskedLMOutput(loss=loss, logits=logits)
 
 

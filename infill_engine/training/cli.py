@@ -38,6 +38,9 @@ def add_train_parser(subparsers: argparse._SubParsersAction) -> None:
                             "(default: everything); cheaper for a large pretrained start")
     train.add_argument("--threads", type=int, default=2, metavar="N",
                        help="CPU threads for torch (default: 2; use 1 when another job shares a 2-core machine)")
+    train.add_argument("--dense", action="store_true",
+                       help="dense supervision: read the context causally and train every context position to "
+                            "predict its next token beside the span's loss (see docs/MODEL.md)")
     train.add_argument("--seed", type=int, default=0, help="random seed of weights and data (default: 0)")
     train.add_argument("--resume", action=argparse.BooleanOptionalAction, default=None,
                        help="continue from the last checkpoint (default: when the run directory has one)")
@@ -77,6 +80,7 @@ def run_train(args: argparse.Namespace) -> int:
             init_from=args.init_from,
             num_threads=args.threads,
             train_layers=args.train_layers,
+            dense=args.dense,
         )
         result = train(config)
     except (ValueError, FileNotFoundError) as error:

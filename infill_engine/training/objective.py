@@ -272,8 +272,24 @@ def make_example(
     return build_example(tokenizer, sample_hole(document, rng, tokenizer, config), rng, tokens, config)
 
 
-def collate(examples: list[TrainingExample], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-padded tensors for `DiffillForInfilling.forward`; attention_mask and canvas_mask are False on padding."""
+def next_token_targets(example: TrainingExample) -> list[int]:
+    """Dense supervision's labels: each context token, read by the (shifted) output just before it.
+
+    Left out: position 0 (nothing before it) and the suffix's first token, whose shifted output is the last canvas
+    position's, which sees the suffix; span positions keep their masked-diffusion labels only.
+    """
+    canvas, ids = example.canvas, example.input_ids
+    return [
+        ids[i] if 0 < i and not canvas.span_start <= i <= canvas.suffix_start else IGNORE_INDEX
+        for i in range(len(ids))
+    ]
+
+
+def collate(examples: list[TrainingExample], pad_id: int, dense: bool = False) -> dict[str, torch.Tensor]:
+    """Right-padded tensors for `DiffillForInfilling.forward`; attention_mask and canvas_mask are False on padding.
+
+    With `dense`, also `next_token_labels` (see `next_token_targets`).
+    """
     length = max(len(e.input_ids) for e in examples)
     batch = len(examples)
     input_ids = torch.full((batch, length), pad_id, dtype=torch.long)  # (B, T)
@@ -289,6 +305,11 @@ def collate(examples: list[TrainingExample], pad_id: int) -> dict[str, torch.Ten
         attention_mask[row, :n] = True
         canvas_mask[row, example.canvas.span_start : example.canvas.suffix_start] = True
     position_ids = torch.arange(length).expand(batch, length).clone()  # (B, T) serving's positions, see module doc
+    if dense:
+        next_token_labels = torch.full((batch, length), IGNORE_INDEX, dtype=torch.long)  # (B, T)
+        for row, example in enumerate(examples):
+            next_token_labels[row, : len(example.input_ids)] = torch.tensor(next_token_targets(example))
+        return {**collate(examples, pad_id), "next_token_labels": next_token_labels}
     return {
         "input_ids": input_ids,
         "position_ids": position_ids,

@@ -128,6 +128,9 @@ class TrainConfig:
     train_layers: int | None = None  # train only the top N blocks (+ embedding and final norm); None: all
     progress: bool = True  # the progress bar on stderr
     objective: ObjectiveConfig | None = None  # None: ObjectiveConfig() with this run's seq_len
+    # Dense supervision: the context is read causally and every context position also learns its next token
+    dense: bool = False
+    next_token_weight: float = 1.0  # with dense: the next-token loss's weight beside the span's loss
 
     def __post_init__(self) -> None:
         if self.preset not in PRESETS:
@@ -241,11 +244,13 @@ def prepare_start(init_from: Path | str, run_dir: Path) -> Path:
     return start
 
 
-def build_model(preset: Preset, tokenizer: Any, seq_len: int) -> DiffillForInfilling:
+def build_model(preset: Preset, tokenizer: Any, seq_len: int, dense: bool = False) -> DiffillForInfilling:
     """A new model of the preset's size, with the tokenizer's special ids in its config."""
     tokens = span_tokens(tokenizer)
     model_config = DiffillConfig(
         **preset.model,
+        shift_logits=dense,
+        causal_context=dense,
         vocab_size=len(tokenizer),
         # Serving fits prefix + span + suffix into this many positions, so it asks only for what was trained.
         max_position_embeddings=seq_len,
@@ -267,7 +272,9 @@ def count_parameters(model: torch.nn.Module) -> int:
 class ExampleStream:
     """An endless stream of training batches from documents drawn in proportion to their length."""
 
-    def __init__(self, documents: list[Document], tokenizer: Any, objective: ObjectiveConfig, seed: int) -> None:
+    def __init__(
+        self, documents: list[Document], tokenizer: Any, objective: ObjectiveConfig, seed: int, dense: bool = False
+    ) -> None:
         if not documents:
             raise ValueError("the example stream needs at least one document")
         self.documents = documents
@@ -276,6 +283,7 @@ class ExampleStream:
         self.tokens: SpanTokens = span_tokens(tokenizer)
         self.cumulative = list(accumulate(len(d.text) for d in documents))
         self.rng = random.Random(seed)
+        self.dense = dense
 
     def example(self) -> TrainingExample:
         """The next example."""
@@ -285,7 +293,7 @@ class ExampleStream:
 
     def batch(self, size: int) -> dict[str, torch.Tensor]:
         """The next `size` examples, collated."""
-        return collate([self.example() for _ in range(size)], self.tokens.pad_id)
+        return collate([self.example() for _ in range(size)], self.tokens.pad_id, self.dense)
 
     def state(self) -> Any:
         """The position in the stream."""
@@ -382,7 +390,8 @@ def evaluate(
     model.eval()
     losses, correct, masked = [], 0, 0
     for batch in batches:
-        batch = {k: v.to(device) for k, v in batch.items()}
+        # the span's loss alone, so that span-only and dense runs compare on one scale
+        batch = {k: v.to(device) for k, v in batch.items() if k != "next_token_labels"}
         with _autocast(device):
             output = model(**batch)
         losses.append(float(output.loss))
@@ -468,7 +477,7 @@ def train(config: TrainConfig) -> TrainResult:
                    default=str) + "\n", encoding="utf-8",
     )
 
-    stream = ExampleStream(train_docs, tokenizer, config.objective, config.seed)
+    stream = ExampleStream(train_docs, tokenizer, config.objective, config.seed, config.dense)
     eval_stream = ExampleStream(eval_docs, tokenizer, config.objective, config.seed + 1_000_003)
     eval_batches = [eval_stream.batch(config.batch_size) for _ in range(config.eval_batches)]
 
@@ -478,13 +487,16 @@ def train(config: TrainConfig) -> TrainResult:
         model = DiffillForInfilling.from_pretrained(config.init_from, dtype=torch.float32)
         state = TrainerState(preset=config.preset)
     elif checkpoint is None:
-        model = build_model(PRESETS[config.preset], tokenizer, config.seq_len)
+        model = build_model(PRESETS[config.preset], tokenizer, config.seq_len, config.dense)
         state = TrainerState(preset=config.preset)
     else:
         model = DiffillForInfilling.from_pretrained(checkpoint, dtype=torch.float32)
         if config.seq_len > model.config.max_position_embeddings:
             logger.info("raising max_position_embeddings to the new seq_len %d", config.seq_len)
             model.config.max_position_embeddings = config.seq_len
+    if config.dense and not (model.config.shift_logits and model.config.causal_context):
+        logger.info("dense supervision: the model now reads its context causally and predicts shifted")
+        model.config.shift_logits = model.config.causal_context = True
     model.to(device).train()
     if config.train_layers is not None:
         freeze_lower_layers(model, config.train_layers)
@@ -523,10 +535,11 @@ def train_step(
     batch: dict[str, torch.Tensor],
     device: torch.device,
     grad_clip: float,
+    next_token_weight: float = 1.0,
 ) -> tuple[float, float]:
     """One optimizer step on a batch; the loss before the step and the learning rate it was taken with."""
     with _autocast(device):
-        loss = model(**batch, loss_only=True).loss
+        loss = model(**batch, loss_only=True, next_token_weight=next_token_weight).loss
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
@@ -577,7 +590,9 @@ def _loop(
     with _StopSignal() as stop, bar:
         while stopped_by is None:
             batch = {k: v.to(device, non_blocking=True) for k, v in stream.batch(config.batch_size).items()}
-            loss, lr = train_step(model, optimizer, scheduler, batch, device, config.grad_clip)
+            loss, lr = train_step(
+                model, optimizer, scheduler, batch, device, config.grad_clip, config.next_token_weight
+            )
             state.step += 1
             session_tokens += int(batch["attention_mask"].sum())
             state.tokens += int(batch["attention_mask"].sum())
