@@ -152,7 +152,7 @@ def _load_weights(info: ModelInfo, dtype: Any, trust_remote_code: bool) -> tuple
         model = transformers.DiffusionGemmaForBlockDiffusion.from_pretrained(info.path, **options)
     elif info.family == "diffill":
         import infill_engine.diffill_model  # noqa: F401  (registers the classes with the Auto classes)
-        from infill_engine.delta_model import is_delta_model, load_delta_model
+        from infill_engine.diffill_model.delta import is_delta_model, load_delta_model
 
         if is_delta_model(info.path):  # the trained part of a model whose base is a pip dependency
             return load_delta_model(info.path, dtype)

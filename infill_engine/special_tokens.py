@@ -1,15 +1,26 @@
-"""The special token ids a denoiser needs, read from the model's tokenizer and config (never literals)."""
+"""Special tokens: the strings diffill's own models use, and the ids a denoiser needs, read from the model's tokenizer
+and config (never literals).
+
+The strings are defined here once, in a module without torch, for the tokenizer trainer, the conversion of causal
+language models and the loader alike.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
+# The special tokens of diffill's own tokenizers (the embedded model's, and those added to a converted causal LM).
+PAD_TOKEN = "<|pad|>"
+MASK_TOKEN = "<|mask|>"
+END_OF_SPAN_TOKEN = "<|endofspan|>"  # the span ends here; what follows it on the canvas is dropped
+END_OF_TEXT_TOKEN = "<|endoftext|>"
+
 # Names under which diffusion checkpoints register their mask token, in order of preference. These are token
 # *strings* looked up in the tokenizer's vocabulary; the ids always come from the tokenizer.
-MASK_TOKEN_NAMES = ("<|mdm_mask|>", "<|mask|>", "<mask>", "[MASK]")
-# Our own end-of-span token (the embedded model is trained with it); other models end a span with their EOS.
-END_OF_SPAN_TOKEN_NAMES = ("<|endofspan|>",)
+MASK_TOKEN_NAMES = ("<|mdm_mask|>", MASK_TOKEN, "<mask>", "[MASK]")
+# Our own end-of-span token (diffill models are trained with it); other models end a span with their EOS.
+END_OF_SPAN_TOKEN_NAMES = (END_OF_SPAN_TOKEN,)
 
 
 @dataclass(frozen=True)

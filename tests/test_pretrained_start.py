@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from infill_engine.diffill_model import DiffillConfig, DiffillForInfilling
-from infill_engine.training.pretrained_start import SMOLLM2_NAME, diffill_from_causal_lm, resolve_causal_source
+from infill_engine.diffill_model.causal_conversion import SMOLLM2_NAME, diffill_from_causal_lm, resolve_causal_source
 from infill_engine.training.train import TrainConfig, train
 from tests import tiny_models
 

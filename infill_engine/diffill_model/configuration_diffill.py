@@ -21,7 +21,7 @@ class DiffillConfig(PreTrainedConfig):
     rms_norm_eps: float = 1e-6  # epsilon inside every RMSNorm
     initializer_range: float = 0.02  # std of the normal init of linear and embedding weights
     tie_word_embeddings: bool = True  # the output projection shares the input embedding matrix
-    # Set for a model that starts from an autoregressive one (see training/pretrained_start.py):
+    # Set for a model that starts from an autoregressive one (see causal_conversion.py):
     shift_logits: bool = False  # the output at position p predicts the token at p + 1, as the causal LM did (Dream)
     causal_context: bool = False  # context tokens attend only to context at earlier or equal positions
     # Special token ids are copied from the tokenizer by the training code; the model never assumes their values.

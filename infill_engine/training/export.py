@@ -3,7 +3,7 @@
     python -m infill_engine.training.export runs/NAME/checkpoints/step-N [infill_engine/model] [--delta BASE]
 
 With `--delta BASE` (what the run's --init-from named, e.g. smollm2) only what training changed is written, and the
-model loads by converting BASE again (see infill_engine/delta_model.py).
+model loads by converting BASE again (see infill_engine/diffill_model/delta.py).
 
 The destination is written beside itself and renamed into place, so a failed export never leaves half a model.
 """
@@ -34,8 +34,8 @@ def export_checkpoint(
     staging = Path(tempfile.mkdtemp(prefix=f".{destination.name}.", dir=destination.parent))
     try:
         if delta_base is not None:
-            from infill_engine.delta_model import write_delta_model
-            from infill_engine.training.pretrained_start import diffill_from_causal_lm
+            from infill_engine.diffill_model.causal_conversion import diffill_from_causal_lm
+            from infill_engine.diffill_model.delta import write_delta_model
 
             start, _ = diffill_from_causal_lm(delta_base)
             write_delta_model(model, tokenizer, start, delta_base, staging)

@@ -13,12 +13,10 @@ from typing import Iterable
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
+from infill_engine.special_tokens import END_OF_SPAN_TOKEN, END_OF_TEXT_TOKEN, MASK_TOKEN, PAD_TOKEN
+
 logger = logging.getLogger(__name__)
 
-PAD_TOKEN = "<|pad|>"
-MASK_TOKEN = "<|mask|>"
-END_OF_SPAN_TOKEN = "<|endofspan|>"
-END_OF_TEXT_TOKEN = "<|endoftext|>"
 SPECIAL_TOKENS = (PAD_TOKEN, MASK_TOKEN, END_OF_SPAN_TOKEN, END_OF_TEXT_TOKEN)
 DEFAULT_VOCAB_SIZE = 8192
 MAX_TOKEN_CHARS = 24  # longer merges are rare runs like '=====' that waste vocabulary

@@ -229,7 +229,7 @@ def prepare_run(config: TrainConfig) -> tuple[Corpus, Any]:
 
 def prepare_start(init_from: Path | str, run_dir: Path) -> Path:
     """The diffill model a new run starts from: `init_from` itself, or a causal LM converted once into run_dir/start."""
-    from infill_engine.training.pretrained_start import diffill_from_causal_lm, resolve_causal_source
+    from infill_engine.diffill_model.causal_conversion import diffill_from_causal_lm, resolve_causal_source
 
     if resolve_causal_source(init_from) is None:
         return Path(init_from)

