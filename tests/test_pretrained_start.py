@@ -9,7 +9,8 @@ import torch
 
 from infill_engine.diffill_model import DiffillConfig, DiffillForInfilling
 from infill_engine.diffill_model.causal_conversion import SMOLLM2_NAME, diffill_from_causal_lm, resolve_causal_source
-from infill_engine.training.train import TrainConfig, train
+from infill_engine.training.config import TrainConfig
+from infill_engine.training.train import train
 from tests import tiny_models
 
 PREFIX = "def add(a, b):\n    return a"

@@ -31,7 +31,10 @@ from infill_engine.training.objective import (
 )
 from infill_engine.training.tokenizer_training import SPECIAL_TOKENS, train_tokenizer
 from infill_engine.diffill_model import DiffillForInfilling
-from infill_engine.training.train import TrainConfig, iter_log, prepare_run, train
+from infill_engine.training.config import TrainConfig
+from infill_engine.training.loss_log import iter_log
+from infill_engine.training.run_directory import prepare_run
+from infill_engine.training.train import train
 
 # Real code to train on: small standard-library modules, the same in every Python.
 STDLIB_MODULES = ("textwrap", "colorsys", "bisect", "heapq", "shlex", "fnmatch", "glob", "copy", "numbers", "string")
@@ -279,7 +282,8 @@ def test_training_forward_sees_what_serving_computes(tokenizer, source_dir: Path
     """The span logits of the one-pass training forward equal the adapter's cached encode + predict."""
     from infill_engine.adapters.diffill import DiffillDenoiser
     from infill_engine.special_tokens import resolve_special_tokens
-    from infill_engine.training.train import PRESETS, build_model
+    from infill_engine.training.config import PRESETS
+    from infill_engine.training.run_directory import build_model
 
     tokens = span_tokens(tokenizer)
     config = ObjectiveConfig(seq_len=120, max_span_tokens=40)
@@ -386,7 +390,8 @@ def test_checkpoint_loads_for_serving_and_fills(prepared_run: Path, source_dir: 
 
 
 def test_model_is_written_in_shards_of_at_most_16_mb(tmp_path: Path, tokenizer) -> None:
-    from infill_engine.training.train import PRESETS, build_model
+    from infill_engine.training.config import PRESETS
+    from infill_engine.training.run_directory import build_model
 
     model = build_model(PRESETS["small"], tokenizer, 256)  # 400 tokens: about 4.8M parameters, 19 MB in float32
     model.save_pretrained(tmp_path, max_shard_size="16MB")
@@ -454,7 +459,8 @@ def test_dense_training_reads_causally_and_serves_the_same_logits(tokenizer, sou
     """A dense run's model is causal and shifted, its loss adds the context's, and serving computes what it trained."""
     from infill_engine.adapters.diffill import DiffillDenoiser
     from infill_engine.special_tokens import resolve_special_tokens
-    from infill_engine.training.train import PRESETS, build_model
+    from infill_engine.training.config import PRESETS
+    from infill_engine.training.run_directory import build_model
 
     tokens = span_tokens(tokenizer)
     config = ObjectiveConfig(seq_len=120, max_span_tokens=40)

@@ -55,7 +55,8 @@ def add_train_parser(subparsers: argparse._SubParsersAction) -> None:
 def run_train(args: argparse.Namespace) -> int:
     """Run `diffill train`; 0 when it finished or stopped at its limit, 130 when stopped by a signal."""
     from infill_engine.cli import UsageError
-    from infill_engine.training.train import TrainConfig, train  # torch loads here, not when the parser is built
+    from infill_engine.training.config import TrainConfig
+    from infill_engine.training.train import train  # torch loads here, not when the parser is built
 
     # Training reports its progress: show this package's INFO lines even without --verbose.
     logging.getLogger("infill_engine.training").setLevel(logging.INFO)

@@ -1,173 +1,42 @@
 """The training loop: resumable, checkpointed atomically, with a loss log for plotting.
 
-A run directory holds everything a run needs to continue after an interruption:
-
-    run_dir/
-      corpus.jsonl, manifest.json   the documents (written once; a resumed run reads them back)
-      tokenizer/                    the trained tokenizer (written once)
-      checkpoints/step-00001200/    model shards (safetensors), tokenizer, trainer_state.pt: loadable by
-                                    infill_engine.loading.load_denoiser as it is
-      train_log.csv                 step, tokens, loss, eval_loss, lr, seconds, eval_accuracy
-      run_config.json               the settings of the latest start
-
-Checkpoints are written atomically (see `checkpoints`). The data stream is drawn from one `random.Random` whose
-state is saved with them, so a resumed run sees exactly the batches an uninterrupted run would have seen, and on CPU
-ends with the same weights.
+A run continues after an interruption from its run directory (see `run_directory`). Checkpoints are written
+atomically (see `checkpoints`). The data stream is drawn from one `random.Random` whose state is saved with them (see
+`example_stream`), so a resumed run sees exactly the batches an uninterrupted run would have seen, and on CPU ends
+with the same weights.
 """
 
 from __future__ import annotations
 
 import contextlib
-import csv
 import json
 import logging
 import math
-import os
-import random
-import shutil
 import signal
 import sys
-import tempfile
 import time
-from bisect import bisect_right
 from dataclasses import asdict, dataclass, replace
-from itertools import accumulate
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
-from infill_engine.diffill_model import DiffillConfig, DiffillForInfilling
+from infill_engine.diffill_model import DiffillForInfilling
 from infill_engine.diffill_model.modeling_diffill import IGNORE_INDEX
 from infill_engine.training.checkpoints import (
     TrainerState,
-    MAX_SHARD_SIZE,
     latest_checkpoint,
     load_trainer_state,
     remove_partial_checkpoints,
     save_checkpoint,
 )
-from infill_engine.training.corpus import (
-    Corpus,
-    Document,
-    build_corpus,
-    read_corpus,
-    stdlib_directory,
-    write_corpus,
-    write_manifest,
-)
-from infill_engine.training.objective import (
-    ObjectiveConfig,
-    SpanTokens,
-    TrainingExample,
-    collate,
-    make_example,
-    span_tokens,
-)
-from infill_engine.training.tokenizer_training import chars_per_token, train_tokenizer
+from infill_engine.training.config import PRESETS, TrainConfig
+from infill_engine.training.example_stream import ExampleStream
+from infill_engine.training.loss_log import LOG_FILE, append_log, truncate_log
+from infill_engine.training.objective import SpanTokens
+from infill_engine.training.run_directory import build_model, prepare_run, prepare_start
 
 logger = logging.getLogger(__name__)
-
-LOG_COLUMNS = ("step", "tokens", "loss", "eval_loss", "lr", "seconds", "eval_accuracy")
-
-
-@dataclass(frozen=True)
-class Preset:
-    """A model size with the batch shape and learning rate that suit it."""
-
-    model: dict[str, int]  # DiffillConfig fields; unset ones keep DiffillConfig's defaults
-    vocab_size: int  # tokenizer vocabulary trained for a new run
-    batch_size: int
-    seq_len: int
-    lr: float
-    steps: int
-
-
-PRESETS = {
-    # for tests: trains in milliseconds a step
-    "tiny": Preset(dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64),
-                   vocab_size=512, batch_size=4, seq_len=96, lr=3e-3, steps=20),
-    # DiffillConfig's defaults (about 6.9M parameters with 8,192 tokens): about 2 s a step on 2 CPU cores
-    "small": Preset({}, vocab_size=8192, batch_size=16, seq_len=256, lr=1e-3, steps=20_000),
-    # for a GPU (about 24M parameters): still small enough to denoise on a laptop CPU
-    "base": Preset(dict(hidden_size=384, num_hidden_layers=12, num_attention_heads=6, intermediate_size=1024),
-                   vocab_size=8192, batch_size=64, seq_len=512, lr=6e-4, steps=50_000),
-}
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """Everything a training run is told; None means the preset's value."""
-
-    run_dir: Path
-    sources: tuple[str, ...] = ()  # directories of source files, besides the standard library
-    use_stdlib: bool = True  # include the running interpreter's standard library
-    bench_path: str | None = None  # evaluation data the corpus must not overlap (None: the default location)
-    preset: str = "small"
-    steps: int | None = None  # length of the learning-rate schedule; the run ends there
-    batch_size: int | None = None
-    seq_len: int | None = None  # longest prefix + span + suffix, in tokens
-    lr: float | None = None  # peak learning rate
-    vocab_size: int | None = None  # tokenizer size, used only when the run directory has no tokenizer yet
-    device: str = "auto"
-    seed: int = 0
-    resume: bool | None = None  # None: resume when the run directory has a checkpoint
-    init_from: Path | None = None  # a new run starts from this model's weights and tokenizer (e.g. the shipped one)
-    checkpoint_every: int = 200  # steps
-    eval_every: int = 100  # steps
-    eval_batches: int = 4  # fixed held-out batches, the same at every evaluation
-    log_every: int = 10  # steps between rows of the loss log
-    time_limit_minutes: float | None = None  # stop with a checkpoint after this much wall time
-    stop_at_step: int | None = None  # stop with a checkpoint at this step (the schedule still runs to `steps`)
-    warmup_steps: int | None = None  # None: 5% of the steps, at most 500
-    min_lr_ratio: float = 0.1  # the cosine decays to this share of the peak
-    weight_decay: float = 0.1  # on matrices only
-    grad_clip: float = 1.0  # max global gradient norm
-    keep_checkpoints: int = 2
-    num_threads: int = 2  # CPU threads for torch
-    train_layers: int | None = None  # train only the top N blocks (+ embedding and final norm); None: all
-    progress: bool = True  # the progress bar on stderr
-    objective: ObjectiveConfig | None = None  # None: ObjectiveConfig() with this run's seq_len
-    # Dense supervision: the context is read causally and every context position also learns its next token
-    dense: bool = False
-    next_token_weight: float = 1.0  # with dense: the next-token loss's weight beside the span's loss
-
-    def __post_init__(self) -> None:
-        if self.preset not in PRESETS:
-            raise ValueError(f"unknown preset {self.preset!r}; allowed: {', '.join(PRESETS)}")
-        for name in ("steps", "batch_size", "seq_len", "vocab_size", "stop_at_step", "train_layers"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < 1):
-                raise ValueError(f"{name} must be a positive integer (got {value!r})")
-        for name in ("checkpoint_every", "eval_every", "log_every", "eval_batches", "keep_checkpoints",
-                     "num_threads"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer (got {value!r})")
-        if self.lr is not None and not self.lr > 0:
-            raise ValueError(f"lr must be positive (got {self.lr})")
-        if self.time_limit_minutes is not None and not self.time_limit_minutes > 0:
-            raise ValueError(f"time limit must be a positive number of minutes (got {self.time_limit_minutes})")
-        if not self.use_stdlib and not self.sources:
-            raise ValueError("no training data: give --source DIR, or leave the standard library in")
-
-    def resolved(self) -> "TrainConfig":
-        """This config with the preset's values filled in where it has None."""
-        preset = PRESETS[self.preset]
-        seq_len = self.seq_len or preset.seq_len
-        steps = self.steps or preset.steps
-        objective = self.objective or ObjectiveConfig(seq_len=seq_len, max_span_tokens=min(64, seq_len // 2))
-        return replace(
-            self,
-            run_dir=Path(self.run_dir),
-            steps=steps,
-            batch_size=self.batch_size or preset.batch_size,
-            seq_len=seq_len,
-            lr=self.lr or preset.lr,
-            vocab_size=self.vocab_size or preset.vocab_size,
-            warmup_steps=self.warmup_steps if self.warmup_steps is not None else min(500, max(1, steps // 20)),
-            objective=replace(objective, seq_len=seq_len),
-        )
 
 
 @dataclass
@@ -181,136 +50,12 @@ class TrainResult:
     tokens_per_second: float | None  # this run's training throughput
 
 
-# ---------------------------------------------------------------------------------------------------------- run setup
-
-
-def prepare_run(config: TrainConfig) -> tuple[Corpus, Any]:
-    """The run's corpus and tokenizer: read from the run directory, or built and written there the first time."""
-    from transformers import AutoTokenizer
-
-    run_dir = config.run_dir
-    tokenizer_dir = run_dir / "tokenizer"
-    sources = [str(stdlib_directory())] if config.use_stdlib else []
-    sources += [str(s) for s in config.sources]
-    if config.init_from is not None and not (tokenizer_dir / "tokenizer.json").is_file():
-        # a run that starts from a trained model keeps that model's tokenizer: its weights only make sense with it
-        run_dir.mkdir(parents=True, exist_ok=True)
-        AutoTokenizer.from_pretrained(config.init_from).save_pretrained(tokenizer_dir)
-    if (run_dir / "corpus.jsonl").is_file() and (tokenizer_dir / "tokenizer.json").is_file():
-        corpus = read_corpus(run_dir)
-        if corpus.manifest.sources != sources:
-            logger.warning("%s was prepared from %s; it keeps that corpus (start a new --run-dir for another)",
-                           run_dir, ", ".join(corpus.manifest.sources))
-        logger.info("reading the corpus and tokenizer of %s", run_dir)
-        return corpus, AutoTokenizer.from_pretrained(tokenizer_dir)
-    corpus = build_corpus(sources, config.bench_path)
-    if not corpus.split("train"):
-        raise ValueError(f"no usable source files under {', '.join(sources)}")
-    if (tokenizer_dir / "tokenizer.json").is_file():  # given by --init-from
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    else:
-        tokenizer = train_tokenizer((d.text for d in corpus.split("train")), vocab_size=config.vocab_size)
-    chars, tokens = chars_per_token(tokenizer, (d.text for d in corpus.documents))
-    py_chars, py_tokens = chars_per_token(tokenizer, (d.text for d in corpus.documents if d.path.endswith(".py")))
-    corpus.manifest.tokens = tokens
-    corpus.manifest.chars_per_token_python = round(py_chars / py_tokens, 3) if py_tokens else None
-    logger.info("corpus: %d tokens, %.2f characters per token (%.2f on Python)",
-                tokens, chars / max(tokens, 1), corpus.manifest.chars_per_token_python or 0.0)
-    write_corpus(corpus, run_dir)
-    write_manifest(corpus.manifest, run_dir)
-    staging = Path(tempfile.mkdtemp(prefix="tokenizer.tmp-", dir=run_dir))
-    tokenizer.save_pretrained(staging)
-    staging.chmod(0o755)
-    if tokenizer_dir.exists():  # a tokenizer without its corpus: both are rebuilt together
-        shutil.rmtree(tokenizer_dir)
-    os.replace(staging, tokenizer_dir)
-    return corpus, AutoTokenizer.from_pretrained(tokenizer_dir)
-
-
-def prepare_start(init_from: Path | str, run_dir: Path) -> Path:
-    """The diffill model a new run starts from: `init_from` itself, or a causal LM converted once into run_dir/start."""
-    from infill_engine.diffill_model.causal_conversion import diffill_from_causal_lm, resolve_causal_source
-
-    if resolve_causal_source(init_from) is None:
-        return Path(init_from)
-    start = run_dir / "start"
-    if not (start / "config.json").is_file():
-        model, tokenizer = diffill_from_causal_lm(init_from)
-        staging = Path(tempfile.mkdtemp(prefix="start.tmp-", dir=run_dir))
-        model.save_pretrained(staging, max_shard_size=MAX_SHARD_SIZE)
-        tokenizer.save_pretrained(staging)
-        staging.chmod(0o755)
-        os.replace(staging, start)  # a killed conversion leaves only a temporary directory, never a partial start
-    return start
-
-
-def build_model(preset: Preset, tokenizer: Any, seq_len: int, dense: bool = False) -> DiffillForInfilling:
-    """A new model of the preset's size, with the tokenizer's special ids in its config."""
-    tokens = span_tokens(tokenizer)
-    model_config = DiffillConfig(
-        **preset.model,
-        shift_logits=dense,
-        causal_context=dense,
-        vocab_size=len(tokenizer),
-        # Serving fits prefix + span + suffix into this many positions, so it asks only for what was trained.
-        max_position_embeddings=seq_len,
-        mask_token_id=tokens.mask_id,
-        end_of_span_token_id=tokens.end_of_span_id,
-        pad_token_id=tokens.pad_id,
-    )
-    return DiffillForInfilling(model_config)
-
-
 def count_parameters(model: torch.nn.Module) -> int:
     """Trainable parameters, tied weights counted once."""
     return sum(p.numel() for p in model.parameters())
 
 
-# --------------------------------------------------------------------------------------------------------- the data
-
-
-class ExampleStream:
-    """An endless stream of training batches from documents drawn in proportion to their length."""
-
-    def __init__(
-        self, documents: list[Document], tokenizer: Any, objective: ObjectiveConfig, seed: int, dense: bool = False
-    ) -> None:
-        if not documents:
-            raise ValueError("the example stream needs at least one document")
-        self.documents = documents
-        self.tokenizer = tokenizer
-        self.objective = objective
-        self.tokens: SpanTokens = span_tokens(tokenizer)
-        self.cumulative = list(accumulate(len(d.text) for d in documents))
-        self.rng = random.Random(seed)
-        self.dense = dense
-
-    def example(self) -> TrainingExample:
-        """The next example."""
-        index = bisect_right(self.cumulative, self.rng.random() * self.cumulative[-1])
-        document = self.documents[min(index, len(self.documents) - 1)]
-        return make_example(self.tokenizer, document.text, self.rng, self.tokens, self.objective)
-
-    def batch(self, size: int) -> dict[str, torch.Tensor]:
-        """The next `size` examples, collated."""
-        return collate([self.example() for _ in range(size)], self.tokens.pad_id, self.dense)
-
-    def state(self) -> Any:
-        """The position in the stream."""
-        return self.rng.getstate()
-
-    def set_state(self, state: Any) -> None:
-        """Continue from a position returned by `state`."""
-        self.rng.setstate(_as_rng_state(state))
-
-
-def _as_rng_state(state: Any) -> tuple:
-    """A random.Random state from its saved form (lists where tuples were)."""
-    version, internal, gauss = state
-    return int(version), tuple(int(x) for x in internal), gauss
-
-
-# ------------------------------------------------------------------------------------------------- the schedule
+# ------------------------------------------------------------------------------------ the optimizer and its schedule
 
 
 def lr_factor(step: int, warmup_steps: int, total_steps: int, min_ratio: float) -> float:
@@ -351,31 +96,6 @@ def make_optimizer(model: torch.nn.Module, config: TrainConfig, device: torch.de
     no_decay = [p for p in trainable if id(p) not in decayed]
     groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=config.lr, betas=(0.9, 0.95), eps=1e-8, fused=device.type == "cuda")
-
-
-# ------------------------------------------------------------------------------------------------- the loss log
-
-
-def _truncate_log(path: Path, step: int) -> None:
-    """Drop log rows written after `step` (by a run that was killed before its next checkpoint)."""
-    if not path.is_file():
-        return
-    with open(path, newline="", encoding="utf-8") as handle:
-        rows = [row for row in csv.DictReader(handle) if int(row["step"]) <= step]
-    with open(path, "w", newline="", encoding="utf-8") as handle:
-        writer = csv.DictWriter(handle, fieldnames=LOG_COLUMNS)
-        writer.writeheader()
-        writer.writerows(rows)
-
-
-def _append_log(path: Path, row: dict[str, Any]) -> None:
-    """Append one row to the loss log, writing the header first when the file is new."""
-    new = not path.is_file()
-    with open(path, "a", newline="", encoding="utf-8") as handle:
-        writer = csv.DictWriter(handle, fieldnames=LOG_COLUMNS)
-        if new:
-            writer.writeheader()
-        writer.writerow(row)
 
 
 # ------------------------------------------------------------------------------------------------- evaluation
@@ -516,7 +236,7 @@ def train(config: TrainConfig) -> TrainResult:
         if state.preset and state.preset != config.preset:
             logger.warning("the checkpoint was trained with preset %r; its architecture is kept", state.preset)
         logger.info("resuming %s at step %d (%d tokens trained)", checkpoint, state.step, state.tokens)
-    _truncate_log(run_dir / "train_log.csv", state.step)
+    truncate_log(run_dir / LOG_FILE, state.step)
     logger.info(
         "training %s: %d parameters on %s, %d train / %d eval documents, batch %d x %d tokens, steps %d",
         run_dir, count_parameters(model), device, len(train_docs), len(eval_docs), config.batch_size,
@@ -577,7 +297,7 @@ def _loop(
     """Steps until the end of the schedule, the stop step, the time limit or a signal; checkpoint on the way out."""
     from tqdm import tqdm
 
-    log_path = config.run_dir / "train_log.csv"
+    log_path = config.run_dir / LOG_FILE
     deadline = None if config.time_limit_minutes is None else started + 60 * config.time_limit_minutes
     session_start, session_tokens, seconds_before = time.monotonic(), 0, state.seconds
     window_losses: list[float] = []
@@ -614,7 +334,7 @@ def _loop(
                 )
             if state.step % config.log_every == 0 or eval_row or stopped_by:
                 mean_loss = sum(window_losses) / len(window_losses)
-                _append_log(log_path, {"step": state.step, "tokens": state.tokens, "loss": f"{mean_loss:.4f}",
+                append_log(log_path, {"step": state.step, "tokens": state.tokens, "loss": f"{mean_loss:.4f}",
                                        "lr": f"{lr:.6g}", "seconds": f"{state.seconds:.1f}", **eval_row})
                 window_losses.clear()
             if stopped_by or state.step % config.checkpoint_every == 0:
@@ -626,11 +346,3 @@ def _loop(
     logger.info("stopped at step %d (%s); %.0f tokens/s; checkpoint %s", state.step, stopped_by,
                 tokens_per_second, checkpoint)
     return TrainResult(state.step, stopped_by, checkpoint, state.eval_loss, tokens_per_second)
-
-
-def iter_log(run_dir: Path) -> Iterator[dict[str, str]]:
-    """The rows of a run's loss log."""
-    path = Path(run_dir) / "train_log.csv"
-    if path.is_file():
-        with open(path, newline="", encoding="utf-8") as handle:
-            yield from csv.DictReader(handle)

@@ -1,0 +1,107 @@
+"""The configuration of a training run: model-size presets and the settings a run is told (`TrainConfig`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from infill_engine.training.objective import ObjectiveConfig
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A model size with the batch shape and learning rate that suit it."""
+
+    model: dict[str, int]  # DiffillConfig fields; unset ones keep DiffillConfig's defaults
+    vocab_size: int  # tokenizer vocabulary trained for a new run
+    batch_size: int
+    seq_len: int
+    lr: float
+    steps: int
+
+
+PRESETS = {
+    # for tests: trains in milliseconds a step
+    "tiny": Preset(dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64),
+                   vocab_size=512, batch_size=4, seq_len=96, lr=3e-3, steps=20),
+    # DiffillConfig's defaults (about 6.9M parameters with 8,192 tokens): about 2 s a step on 2 CPU cores
+    "small": Preset({}, vocab_size=8192, batch_size=16, seq_len=256, lr=1e-3, steps=20_000),
+    # for a GPU (about 24M parameters): still small enough to denoise on a laptop CPU
+    "base": Preset(dict(hidden_size=384, num_hidden_layers=12, num_attention_heads=6, intermediate_size=1024),
+                   vocab_size=8192, batch_size=64, seq_len=512, lr=6e-4, steps=50_000),
+}
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything a training run is told; None means the preset's value."""
+
+    run_dir: Path
+    sources: tuple[str, ...] = ()  # directories of source files, besides the standard library
+    use_stdlib: bool = True  # include the running interpreter's standard library
+    bench_path: str | None = None  # evaluation data the corpus must not overlap (None: the default location)
+    preset: str = "small"
+    steps: int | None = None  # length of the learning-rate schedule; the run ends there
+    batch_size: int | None = None
+    seq_len: int | None = None  # longest prefix + span + suffix, in tokens
+    lr: float | None = None  # peak learning rate
+    vocab_size: int | None = None  # tokenizer size, used only when the run directory has no tokenizer yet
+    device: str = "auto"
+    seed: int = 0
+    resume: bool | None = None  # None: resume when the run directory has a checkpoint
+    init_from: Path | None = None  # a new run starts from this model's weights and tokenizer (e.g. the shipped one)
+    checkpoint_every: int = 200  # steps
+    eval_every: int = 100  # steps
+    eval_batches: int = 4  # fixed held-out batches, the same at every evaluation
+    log_every: int = 10  # steps between rows of the loss log
+    time_limit_minutes: float | None = None  # stop with a checkpoint after this much wall time
+    stop_at_step: int | None = None  # stop with a checkpoint at this step (the schedule still runs to `steps`)
+    warmup_steps: int | None = None  # None: 5% of the steps, at most 500
+    min_lr_ratio: float = 0.1  # the cosine decays to this share of the peak
+    weight_decay: float = 0.1  # on matrices only
+    grad_clip: float = 1.0  # max global gradient norm
+    keep_checkpoints: int = 2
+    num_threads: int = 2  # CPU threads for torch
+    train_layers: int | None = None  # train only the top N blocks (+ embedding and final norm); None: all
+    progress: bool = True  # the progress bar on stderr
+    objective: ObjectiveConfig | None = None  # None: ObjectiveConfig() with this run's seq_len
+    # Dense supervision: the context is read causally and every context position also learns its next token
+    dense: bool = False
+    next_token_weight: float = 1.0  # with dense: the next-token loss's weight beside the span's loss
+
+    def __post_init__(self) -> None:
+        if self.preset not in PRESETS:
+            raise ValueError(f"unknown preset {self.preset!r}; allowed: {', '.join(PRESETS)}")
+        for name in ("steps", "batch_size", "seq_len", "vocab_size", "stop_at_step", "train_layers"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be a positive integer (got {value!r})")
+        for name in ("checkpoint_every", "eval_every", "log_every", "eval_batches", "keep_checkpoints",
+                     "num_threads"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer (got {value!r})")
+        if self.lr is not None and not self.lr > 0:
+            raise ValueError(f"lr must be positive (got {self.lr})")
+        if self.time_limit_minutes is not None and not self.time_limit_minutes > 0:
+            raise ValueError(f"time limit must be a positive number of minutes (got {self.time_limit_minutes})")
+        if not self.use_stdlib and not self.sources:
+            raise ValueError("no training data: give --source DIR, or leave the standard library in")
+
+    def resolved(self) -> "TrainConfig":
+        """This config with the preset's values filled in where it has None."""
+        preset = PRESETS[self.preset]
+        seq_len = self.seq_len or preset.seq_len
+        steps = self.steps or preset.steps
+        objective = self.objective or ObjectiveConfig(seq_len=seq_len, max_span_tokens=min(64, seq_len // 2))
+        return replace(
+            self,
+            run_dir=Path(self.run_dir),
+            steps=steps,
+            batch_size=self.batch_size or preset.batch_size,
+            seq_len=seq_len,
+            lr=self.lr or preset.lr,
+            vocab_size=self.vocab_size or preset.vocab_size,
+            warmup_steps=self.warmup_steps if self.warmup_steps is not None else min(500, max(1, steps // 20)),
+            objective=replace(objective, seq_len=seq_len),
+        )

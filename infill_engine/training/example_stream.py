@@ -1,0 +1,61 @@
+"""The stream of training batches: documents drawn in proportion to their length, from one resumable random state."""
+
+from __future__ import annotations
+
+import random
+from bisect import bisect_right
+from itertools import accumulate
+from typing import Any
+
+import torch
+
+from infill_engine.training.corpus import Document
+from infill_engine.training.objective import (
+    ObjectiveConfig,
+    SpanTokens,
+    TrainingExample,
+    collate,
+    make_example,
+    span_tokens,
+)
+
+
+class ExampleStream:
+    """An endless stream of training batches from documents drawn in proportion to their length."""
+
+    def __init__(
+        self, documents: list[Document], tokenizer: Any, objective: ObjectiveConfig, seed: int, dense: bool = False
+    ) -> None:
+        if not documents:
+            raise ValueError("the example stream needs at least one document")
+        self.documents = documents
+        self.tokenizer = tokenizer
+        self.objective = objective
+        self.tokens: SpanTokens = span_tokens(tokenizer)
+        self.cumulative = list(accumulate(len(d.text) for d in documents))
+        self.rng = random.Random(seed)
+        self.dense = dense
+
+    def example(self) -> TrainingExample:
+        """The next example."""
+        index = bisect_right(self.cumulative, self.rng.random() * self.cumulative[-1])
+        document = self.documents[min(index, len(self.documents) - 1)]
+        return make_example(self.tokenizer, document.text, self.rng, self.tokens, self.objective)
+
+    def batch(self, size: int) -> dict[str, torch.Tensor]:
+        """The next `size` examples, collated."""
+        return collate([self.example() for _ in range(size)], self.tokens.pad_id, self.dense)
+
+    def state(self) -> Any:
+        """The position in the stream."""
+        return self.rng.getstate()
+
+    def set_state(self, state: Any) -> None:
+        """Continue from a position returned by `state`."""
+        self.rng.setstate(_as_rng_state(state))
+
+
+def _as_rng_state(state: Any) -> tuple:
+    """A random.Random state from its saved form (lists where tuples were)."""
+    version, internal, gauss = state
+    return int(version), tuple(int(x) for x in internal), gauss
