@@ -13,10 +13,12 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from tests.editors import rule_engine
 from tests.editors.conftest import ROOT, nvim_executable, server_executable
 
 HERE = Path(__file__).resolve().parent
 LIMIT_S = 180  # the `timeout` around each Neovim run; a scenario's own waits are shorter
+RULE_ENGINE = "tests.editors.rule_engine:build_engine"  # scripted fills: exact ghost text without a model
 
 GREET = '''def greet(name):
     """Say hello.
@@ -28,8 +30,12 @@ GREET = '''def greet(name):
 '''
 
 
-def run_scenario(scenario: str, model: Path, tmp_path: Path, text: str = GREET, name: str = "greet.py") -> dict[str, Any]:
-    """Run a scenario script in headless Neovim on a fresh copy of `text`; its JSON outcome."""
+def run_scenario(scenario: str, model: Path | None, tmp_path: Path, text: str = GREET, name: str = "greet.py",
+                 engine_factory: str | None = None, init: str = "minimal_init.lua") -> dict[str, Any]:
+    """Run a scenario script in headless Neovim on a fresh copy of `text`; its JSON outcome.
+
+    The server loads `model`, or builds its engine with `engine_factory` (MODULE:FUNCTION) instead.
+    """
     nvim, server = nvim_executable(), server_executable()
     work = tmp_path / "work"
     work.mkdir()
@@ -42,7 +48,8 @@ def run_scenario(scenario: str, model: Path, tmp_path: Path, text: str = GREET, 
         "DIFFILL_ROOT": str(ROOT),
         "DIFFILL_TESTS": str(HERE),
         "DIFFILL_SERVER": server,
-        "DIFFILL_MODEL": str(model),
+        **({"DIFFILL_MODEL": str(model)} if model is not None else {}),
+        **({"DIFFILL_ENGINE_FACTORY": engine_factory} if engine_factory is not None else {}),
         "DIFFILL_TEST_OUT": str(out),
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
         "XDG_CONFIG_HOME": str(tmp_path / "config"),
@@ -51,7 +58,7 @@ def run_scenario(scenario: str, model: Path, tmp_path: Path, text: str = GREET, 
         "XDG_CACHE_HOME": str(tmp_path / "cache"),
     }
     command = ["timeout", "-k", "10", str(LIMIT_S), nvim, "--headless", "-i", "NONE",
-               "-u", str(HERE / "nvim" / "minimal_init.lua"), "-c", f"luafile {HERE / 'nvim' / scenario}", str(document)]
+               "-u", str(HERE / "nvim" / init), "-c", f"luafile {HERE / 'nvim' / scenario}", str(document)]
     proc = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL,
                           check=False)
     log = tmp_path / "state" / "nvim" / "lsp.log"
@@ -79,6 +86,25 @@ def test_ghost_text_appears_and_tab_accepts_it(nvim: str, tiny_model: Path, tmp_
     # The server's diffill/status reached the statusline helper; completion items go through the omnifunc.
     assert results["status"].startswith("diffill:tiny"), results["status"]
     assert results["omnifunc"] == "v:lua.vim.lsp.omnifunc"
+
+
+def test_ghost_text_drops_an_answer_for_an_older_buffer(nvim: str, tmp_path: Path) -> None:
+    """An answer that arrives after the text changed (the cursor did not move) is not drawn; a fresh one is."""
+    results = run_scenario("stale_ghost.lua", None, tmp_path, text=rule_engine.TEXT, name="stale.py",
+                           engine_factory=RULE_ENGINE)
+    # The held answer was real ghost text for the line as it was when asked...
+    assert results["line_asked"] == rule_engine.OLD_LINE
+    assert results["stale_answer"] == [rule_engine.OLD_FILL], results
+    # ...and it arrived after the line changed under a cursor that stayed put, still in insert mode.
+    assert results["line_changed"] == rule_engine.NEW_LINE
+    assert results["cursor_changed"] == results["cursor_asked"]
+    assert results["mode_changed"].startswith("i")
+    # It was not drawn.
+    assert results["ghost_after_stale"] is None, results
+    assert rule_engine.OLD_FILL not in "".join(results["drawn_after_stale"]), results
+    # The request for the new text drew its own answer, and only that.
+    assert results["ghost_new"] == rule_engine.NEW_FILL
+    assert results["drawn_new"] == [rule_engine.NEW_FILL], results
 
 
 def test_rewrite_changes_the_selected_lines(nvim: str, tiny_model: Path, tmp_path: Path) -> None:
