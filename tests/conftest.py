@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from infill_engine.special_tokens import END_OF_SPAN_TOKEN, END_OF_TEXT_TOKEN, MASK_TOKEN, PAD_TOKEN
 from tests import tiny_models
 
 
@@ -26,5 +27,5 @@ def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def tokenizer():
     """The tiny byte-level BPE tokenizer with the embedded model's special tokens."""
     return tiny_models.build_tokenizer(
-        {"pad": "<|pad|>", "mask": "<|mask|>", "eos": "<|endoftext|>", "end_of_span": "<|endofspan|>"}
+        {"pad": PAD_TOKEN, "mask": MASK_TOKEN, "eos": END_OF_TEXT_TOKEN, "end_of_span": END_OF_SPAN_TOKEN}
     )

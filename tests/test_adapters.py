@@ -13,7 +13,7 @@ from infill_engine.adapters.masked import MaskedDenoiser
 from infill_engine.engine import default_sampler_for
 from infill_engine.loading import ModelLoadError, load_denoiser
 from infill_engine.sampler import denoise_span
-from infill_engine.special_tokens import SpecialTokens
+from infill_engine.special_tokens import END_OF_SPAN_TOKEN, MASK_TOKEN, SpecialTokens
 
 
 @pytest.mark.parametrize(
@@ -36,8 +36,8 @@ def test_each_family_loads_through_the_user_path(model_dirs, family, noise, shif
 def test_mask_and_end_of_span_ids_come_from_the_tokenizer(model_dirs):
     denoiser = load_denoiser(model_dirs["diffill"])
     tokenizer = denoiser.tokenizer
-    assert denoiser.special.mask_id == tokenizer.convert_tokens_to_ids("<|mask|>")
-    assert denoiser.special.end_of_span_ids == (tokenizer.convert_tokens_to_ids("<|endofspan|>"),)
+    assert denoiser.special.mask_id == tokenizer.convert_tokens_to_ids(MASK_TOKEN)
+    assert denoiser.special.end_of_span_ids == (tokenizer.convert_tokens_to_ids(END_OF_SPAN_TOKEN),)
     assert denoiser.special.mask_id in denoiser.special.ids_never_generated
 
 

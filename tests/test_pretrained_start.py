@@ -9,6 +9,7 @@ import torch
 
 from infill_engine.diffill_model import DiffillConfig, DiffillForInfilling
 from infill_engine.diffill_model.causal_conversion import SMOLLM2_NAME, diffill_from_causal_lm, resolve_causal_source
+from infill_engine.special_tokens import END_OF_SPAN_TOKEN, END_OF_TEXT_TOKEN, MASK_TOKEN, PAD_TOKEN
 from infill_engine.training.config import TrainConfig
 from infill_engine.training.train import train
 from tests import tiny_models
@@ -20,19 +21,7 @@ SUFFIX = "\n\nprint(add(1, 2))\n"
 @pytest.fixture(scope="module")
 def llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random Llama causal LM with grouped-query attention, whose tokenizer has no mask token."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    tokenizer = tiny_models.build_tokenizer({"eos": "<|endoftext|>"})
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=True,
-        rope_parameters={"rope_type": "default", "rope_theta": 10_000.0},
-    )
-    directory = tmp_path_factory.mktemp("llama")
-    LlamaForCausalLM(config).eval().save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return directory
+    return tiny_models.build_llama(tmp_path_factory.mktemp("llama"))
 
 
 def _causal_next_token_logits(llama_dir: Path, ids: torch.Tensor) -> torch.Tensor:
@@ -64,9 +53,9 @@ def test_converted_model_predicts_the_first_canvas_token_as_the_causal_model_did
 
 def test_conversion_adds_the_infilling_tokens_and_keeps_the_vocabulary(llama_dir: Path) -> None:
     model, tokenizer = diffill_from_causal_lm(llama_dir)
-    original = tiny_models.build_tokenizer({"eos": "<|endoftext|>"})
-    assert tokenizer.mask_token == "<|mask|>" and tokenizer.pad_token == "<|pad|>"
-    assert tokenizer.convert_tokens_to_ids("<|endofspan|>") >= len(original)
+    original = tiny_models.build_tokenizer({"eos": END_OF_TEXT_TOKEN})
+    assert tokenizer.mask_token == MASK_TOKEN and tokenizer.pad_token == PAD_TOKEN
+    assert tokenizer.convert_tokens_to_ids(END_OF_SPAN_TOKEN) >= len(original)
     assert tokenizer(PREFIX, add_special_tokens=False).input_ids == original(PREFIX, add_special_tokens=False).input_ids
     config = model.config
     assert (config.vocab_size, config.shift_logits, config.causal_context) == (len(tokenizer), True, True)

@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 
 from infill_engine.canvas import layout_canvas, trim_context
 from infill_engine.diffill_model.modeling_diffill import IGNORE_INDEX
+from infill_engine.special_tokens import END_OF_SPAN_TOKEN, END_OF_TEXT_TOKEN, MASK_TOKEN, PAD_TOKEN
 from infill_engine.training import corpus as corpus_module
 from infill_engine.training.checkpoints import latest_checkpoint, list_checkpoints
 from infill_engine.training.corpus import build_corpus, read_corpus, word_shingles
@@ -111,10 +112,10 @@ def test_tokenizer_round_trips_whitespace_exactly(tokenizer, text: str, tmp_path
 def test_tokenizer_registers_the_special_tokens(tokenizer) -> None:
     vocab = tokenizer.get_vocab()
     assert all(token in vocab for token in SPECIAL_TOKENS)
-    assert tokenizer.pad_token == "<|pad|>" and tokenizer.mask_token == "<|mask|>"
-    assert tokenizer.eos_token == "<|endoftext|>"
+    assert tokenizer.pad_token == PAD_TOKEN and tokenizer.mask_token == MASK_TOKEN
+    assert tokenizer.eos_token == END_OF_TEXT_TOKEN
     tokens = span_tokens(tokenizer)
-    assert tokens.end_of_span_id == vocab["<|endofspan|>"]
+    assert tokens.end_of_span_id == vocab[END_OF_SPAN_TOKEN]
     assert len({tokens.mask_id, tokens.end_of_span_id, tokens.pad_id, tokenizer.eos_token_id}) == 4
     assert not {vocab[t] for t in SPECIAL_TOKENS} & set(tokens.ordinary_ids)
 
@@ -379,7 +380,7 @@ def test_checkpoint_loads_for_serving_and_fills(prepared_run: Path, source_dir: 
     denoiser = load_denoiser(checkpoint, device="cpu")
     assert denoiser.family == "diffill"
     assert denoiser.special.mask_id == denoiser.tokenizer.mask_token_id
-    assert denoiser.special.end_of_span_ids == (denoiser.tokenizer.convert_tokens_to_ids("<|endofspan|>"),)
+    assert denoiser.special.end_of_span_ids == (denoiser.tokenizer.convert_tokens_to_ids(END_OF_SPAN_TOKEN),)
     assert denoiser.max_positions == 80  # serving budgets its context to the trained sequence length
 
     result = InfillEngine(denoiser).fill(

@@ -14,6 +14,8 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
+from infill_engine.special_tokens import END_OF_SPAN_TOKEN, END_OF_TEXT_TOKEN, MASK_TOKEN, PAD_TOKEN
+
 CORPUS = [
     "def add(a, b):\n    return a + b\n",
     "def scale(values, factor):\n    return [v * factor for v in values]\n",
@@ -62,16 +64,30 @@ def build_diffill(directory: Path, seed: int = 0, hidden: int = 32, layers: int 
     """The embedded model's own architecture at a tiny size."""
     from infill_engine.diffill_model import DiffillConfig, DiffillForInfilling
 
-    tokenizer = build_tokenizer({"pad": "<|pad|>", "mask": "<|mask|>", "eos": "<|endoftext|>",
-                                 "end_of_span": "<|endofspan|>"})
+    tokenizer = build_tokenizer({"pad": PAD_TOKEN, "mask": MASK_TOKEN, "eos": END_OF_TEXT_TOKEN,
+                                 "end_of_span": END_OF_SPAN_TOKEN})
     torch.manual_seed(seed)
     config = DiffillConfig(
         vocab_size=len(tokenizer), hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=2,
         intermediate_size=2 * hidden, max_position_embeddings=1024,
         mask_token_id=tokenizer.mask_token_id, pad_token_id=tokenizer.pad_token_id,
-        end_of_span_token_id=tokenizer.convert_tokens_to_ids("<|endofspan|>"),
+        end_of_span_token_id=tokenizer.convert_tokens_to_ids(END_OF_SPAN_TOKEN),
     )
     return _save(DiffillForInfilling(config), tokenizer, directory)
+
+
+def build_llama(directory: Path, seed: int = 0) -> Path:
+    """A tiny random Llama causal LM with grouped-query attention, whose tokenizer has no mask token."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = build_tokenizer({"eos": END_OF_TEXT_TOKEN})
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 10_000.0},
+    )
+    return _save(LlamaForCausalLM(config).eval(), tokenizer, directory)
 
 
 def build_diffusion_gemma(directory: Path, seed: int = 0, canvas_length: int = 16) -> Path:
