@@ -19,7 +19,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from infill_engine import syntax
 from infill_engine.engine import InfillEngine, InfillRequest
 
 PROTOCOLS = ("unknown", "oracle")
@@ -173,12 +172,3 @@ def evaluate(
         reports.append(report)
     engine.sampler = base
     return reports
-
-
-def syntax_rate_of_reference(problems: list[Problem]) -> float:
-    """Share of canonical solutions the gate accepts (a sanity check of the gate on this data)."""
-    ok = sum(
-        syntax.check_fill(p.prompt + p.suffix, len(p.prompt), len(p.prompt), p.canonical_solution, "python").ok
-        for p in problems
-    )
-    return 100 * ok / max(len(problems), 1)

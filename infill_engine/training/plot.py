@@ -1,16 +1,27 @@
-"""The loss curve of a training run as a PNG, for the model card (needs matplotlib: `pip install matplotlib`)."""
+"""The loss curve of a training run as a PNG, as in the model card (needs matplotlib: the extra `diffill[plot]`).
+
+    python -m infill_engine.training.plot runs/NAME [loss.png] [--title TITLE]
+
+The first argument is a run directory or a loss log (`train_log.csv`, or a copy such as docs/train-log-embedded.csv);
+the picture is written beside the log as `loss.png` unless a path is given.
+"""
 
 from __future__ import annotations
 
+import argparse
 import csv
 import os
+import sys
 from pathlib import Path
+
+from infill_engine.training.loss_log import LOG_FILE
 
 
 def read_log(path: str | os.PathLike[str]) -> list[dict[str, float | None]]:
-    """Rows of a run's train_log.csv with numbers parsed (empty cells become None)."""
+    """Rows of a loss log with numbers parsed (empty cells become None)."""
     with open(path, newline="", encoding="utf-8") as handle:
-        return [{k: (float(v) if v not in ("", None) else None) for k, v in row.items()} for row in csv.DictReader(handle)]
+        return [{k: (float(v) if v not in ("", None) else None) for k, v in row.items()}
+                for row in csv.DictReader(handle)]
 
 
 def plot_loss(log_path: str | os.PathLike[str], png_path: str | os.PathLike[str], title: str = "") -> None:
@@ -49,3 +60,27 @@ def plot_loss(log_path: str | os.PathLike[str], png_path: str | os.PathLike[str]
     figure.tight_layout()
     figure.savefig(png_path)
     plt.close(figure)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Plot a run's loss log; 2 (with a message) when the log is missing or matplotlib is not installed."""
+    parser = argparse.ArgumentParser(prog="python -m infill_engine.training.plot", description=__doc__.split("\n")[0])
+    parser.add_argument("log", type=Path, help="a run directory or its train_log.csv")
+    parser.add_argument("png", type=Path, nargs="?", help="where the picture goes (default: loss.png beside the log)")
+    parser.add_argument("--title", default="", help="the plot's title (default: the log's directory name)")
+    args = parser.parse_args(argv)
+    log = args.log / LOG_FILE if args.log.is_dir() else args.log
+    if not log.is_file():
+        parser.error(f"no loss log at {log}")
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        parser.error("plotting needs matplotlib: pip install 'diffill[plot]' (or pip install matplotlib)")
+    png = args.png or log.with_name("loss.png")
+    plot_loss(log, png, args.title)
+    print(png)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+"""`python -m infill_engine.training.plot`: the model card's loss curve from a run's loss log."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from infill_engine.training.loss_log import LOG_FILE, append_log
+from infill_engine.training.plot import main, read_log
+
+
+def _run_dir(tmp_path: Path) -> Path:
+    """A run directory whose loss log has rows with and without an evaluation, as training writes them."""
+    for step in range(1, 6):
+        row = {"step": step, "tokens": 4096 * step, "loss": f"{6 - 0.5 * step:.4f}", "lr": "0.001", "seconds": "1.0"}
+        if step % 2 == 0:
+            row.update(eval_loss=f"{6.2 - 0.5 * step:.4f}", eval_accuracy=f"{0.05 * step:.4f}")
+        append_log(tmp_path / LOG_FILE, row)
+    return tmp_path
+
+
+def test_the_log_is_read_with_numbers_and_missing_evaluations(tmp_path: Path) -> None:
+    rows = read_log(_run_dir(tmp_path) / LOG_FILE)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
+    assert rows[0]["eval_loss"] is None and rows[1]["eval_loss"] == pytest.approx(5.2)
+    assert rows[3]["eval_accuracy"] == pytest.approx(0.2)
+
+
+def test_without_matplotlib_the_command_says_which_extra_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(_run_dir(tmp_path))])
+    assert exit_info.value.code == 2
+    assert "pip install 'diffill[plot]'" in capsys.readouterr().err
+    assert not (tmp_path / "loss.png").exists()
+
+
+def test_a_missing_log_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(tmp_path)])
+    assert exit_info.value.code == 2 and f"no loss log at {tmp_path / LOG_FILE}" in capsys.readouterr().err
+
+
+def test_a_run_directory_becomes_a_png_beside_its_log(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib", reason="the plot extra (matplotlib) is not installed")
+    assert main([str(_run_dir(tmp_path)), "--title", "tiny"]) == 0
+    assert (tmp_path / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
