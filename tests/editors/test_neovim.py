@@ -107,6 +107,18 @@ def test_ghost_text_drops_an_answer_for_an_older_buffer(nvim: str, tmp_path: Pat
     assert results["drawn_new"] == [rule_engine.NEW_FILL], results
 
 
+def test_tab_runs_the_users_own_mapping_when_no_ghost_text_is_shown(nvim: str, tmp_path: Path) -> None:
+    """A <Tab> mapping made before setup() still works; where ghost text is shown, <Tab> accepts it instead."""
+    results = run_scenario("user_tab.lua", None, tmp_path, text=rule_engine.TEXT, name="tab.py",
+                           engine_factory=RULE_ENGINE, init="user_tab_init.lua")
+    assert results["mapping"] == "diffill: accept ghost text"  # diffill's key is the one mapped in the buffer
+    assert results["fallback_line"] == "import os [tab]"
+    assert results["calls_after_fallback"] == 1
+    assert results["ghost"] == rule_engine.OLD_FILL
+    assert results["accepted_line"] == rule_engine.OLD_LINE + rule_engine.OLD_FILL
+    assert results["calls_after_accept"] == 1
+
+
 def test_rewrite_changes_the_selected_lines(nvim: str, tiny_model: Path, tmp_path: Path) -> None:
     results = run_scenario("rewrite.lua", tiny_model, tmp_path)
     before, after = results["before"], results["after"]
@@ -133,6 +145,15 @@ def test_lua_units(nvim: str, tmp_path: Path) -> None:
     """The plugin's own logic (options, statusline, LSP ranges in every position encoding), without a server."""
     env = {**os.environ, "DIFFILL_ROOT": str(ROOT), "XDG_STATE_HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path)}
     proc = subprocess.run(["timeout", "60", nvim, "--headless", "--clean", "-l", str(HERE / "nvim" / "unit.lua")],
+                          env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert re.search(r"\d+ passed, 0 failed", proc.stdout + proc.stderr)
+
+
+def test_accept_key_falls_back_to_every_kind_of_user_mapping(nvim: str, tmp_path: Path) -> None:
+    """With no suggestion shown, the accept key runs the user's mapping as it was made, on both ghost-text paths."""
+    env = {**os.environ, "DIFFILL_ROOT": str(ROOT), "XDG_STATE_HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path)}
+    proc = subprocess.run(["timeout", "60", nvim, "--headless", "--clean", "-l", str(HERE / "nvim" / "accept_key.lua")],
                           env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert re.search(r"\d+ passed, 0 failed", proc.stdout + proc.stderr)

@@ -3,8 +3,9 @@
 --- While typing in insert mode, a request is sent `debounce_ms` after the last change; a newer change cancels the
 --- pending request, and an answer that arrives after the buffer changed (its `changedtick` moved) or the cursor
 --- moved is dropped. The first suggestion is drawn after the cursor: its first line inline, the others as virtual
---- lines. The accept key inserts it when one is shown and does what it did before otherwise; `<Esc>` (leaving
---- insert mode) and moving the cursor dismiss it. Neovim 0.12 and later use `vim.lsp.inline_completion` instead.
+--- lines. The accept key inserts it when one is shown and does what it did before otherwise (the user's mapping, kept
+--- as a `<Plug>` mapping); `<Esc>` (leaving insert mode) and moving the cursor dismiss it. Neovim 0.12 and later use
+--- `vim.lsp.inline_completion` instead, with the same accept key and fallback.
 
 local util = require('diffill.util')
 
@@ -29,6 +30,8 @@ local ns = vim.api.nvim_create_namespace('diffill.ghost')
 ---@field request_id integer? the pending request
 ---@field shown diffill.Suggestion?
 ---@field attached boolean? whether the autocommands and the accept key are set
+---@field previous table? what the accept key did before diffill mapped it (a `maparg()` dict; empty: not mapped)
+---@field falling_back boolean? whether the keys of the user's mapping for the accept key are being run
 
 ---@type table<integer, diffill.GhostState>
 M.buffers = {}
@@ -241,39 +244,95 @@ function M.accept(bufnr)
   return true
 end
 
---- What the accept key did before it was mapped: a callback, a mapping's keys, or the key itself.
+local FALLBACK = '<Plug>(diffill-accept-fallback)'
+local FALLEN_BACK = '<Plug>(diffill-accept-fallen-back)'
+
+--- Whether a `maparg()` dict is one of diffill's own accept mappings.
+---@param map table
+---@return boolean
+local function ours(map)
+  return map.buffer == 1 and type(map.desc) == 'string' and vim.startswith(map.desc, 'diffill: accept')
+end
+
+--- Keep what `key` did in insert mode before diffill maps it in `bufnr`: the user's mapping is copied, with all its
+--- flags and its script context, to a buffer-local `<Plug>` mapping. Returns the keys that do it: that `<Plug>`, or
+--- `key` itself when it was not mapped.
 ---@param key string
 ---@param bufnr integer
----@return fun(): string
-local function fallback(key, bufnr)
+---@return string
+local function keep_previous(key, bufnr)
+  local st = state(bufnr)
   local previous = vim.fn.maparg(key, 'i', false, true) --[[@as table]]
-  if previous.buffer == 1 and previous.desc == 'diffill: accept ghost text' then
-    previous = {}
+  if ours(previous) then
+    previous = st.previous or {} -- attached again: what was there before diffill was captured the first time
   end
-  if previous.callback and previous.expr == 1 then
-    return previous.callback
-  end
-  if previous.callback then
-    local callback = previous.callback
-    return function()
-      vim.schedule(callback)
-      return ''
-    end
-  end
-  if previous.rhs and previous.rhs ~= '' then
-    local rhs = vim.api.nvim_replace_termcodes(previous.rhs, true, true, true)
-    local mode = previous.noremap == 1 and 'n' or 'm'
-    return function()
-      vim.schedule(function()
-        if vim.api.nvim_buf_is_valid(bufnr) then
-          vim.api.nvim_feedkeys(rhs, mode, false)
-        end
-      end)
-      return ''
-    end
-  end
-  return function()
+  st.previous = previous
+  if previous.callback == nil and (previous.rhs or '') == '' then
     return key
+  end
+  local copy = vim.deepcopy(previous)
+  copy.lhs = FALLBACK
+  copy.lhsraw = vim.api.nvim_replace_termcodes(FALLBACK, true, true, true)
+  copy.lhsrawalt = nil
+  copy.buffer = 1
+  vim.api.nvim_buf_call(bufnr, function()
+    vim.fn.mapset('i', false, copy)
+  end)
+  return FALLBACK
+end
+
+--- Map the accept key in `bufnr`: `accept()` returns the keys that accept the shown suggestion, or nil when none is
+--- shown; then the key does what it did before diffill mapped it (the same code on every Neovim version).
+---@param bufnr integer
+---@param accept fun(): string?
+---@param desc string
+local function map_accept(bufnr, accept, desc)
+  local key = M.opts.accept_key
+  if not key then
+    return
+  end
+  local st = state(bufnr)
+  local fallback = keep_previous(key, bufnr)
+  if fallback ~= key then
+    -- Marks the end of the keys of the user's mapping (a macro or typeahead may hold another `key` after them).
+    vim.keymap.set('i', FALLEN_BACK, function()
+      st.falling_back = nil
+    end, { buffer = bufnr, desc = 'diffill: end of the fallback of the accept key' })
+  end
+  -- remap, so that the fallback `<Plug>` is mapped; a result that starts with `key` does not map it again.
+  vim.keymap.set('i', key, function()
+    if st.falling_back then
+      -- The user's mapping gave the key back (`imap <expr> <Tab> ... : '<Tab>'`): the plain key, as Vim does for
+      -- a mapping whose keys start with its own.
+      return key
+    end
+    local keys = accept()
+    if keys or fallback == key then
+      return keys or key
+    end
+    st.falling_back = true
+    vim.schedule(function() -- should the keys fail before the end mark, once they are done
+      st.falling_back = nil
+    end)
+    return fallback .. FALLEN_BACK
+  end, { buffer = bufnr, expr = true, remap = true, replace_keycodes = true, desc = desc })
+end
+
+--- Remove the accept key of `bufnr` and give back a buffer-local mapping it replaced.
+---@param bufnr integer
+local function unmap_accept(bufnr)
+  local key = M.opts.accept_key
+  if not key or not vim.api.nvim_buf_is_valid(bufnr) then
+    return
+  end
+  pcall(vim.keymap.del, 'i', key, { buffer = bufnr })
+  pcall(vim.keymap.del, 'i', FALLBACK, { buffer = bufnr })
+  pcall(vim.keymap.del, 'i', FALLEN_BACK, { buffer = bufnr })
+  local previous = M.buffers[bufnr] and M.buffers[bufnr].previous
+  if previous and previous.buffer == 1 then
+    vim.api.nvim_buf_call(bufnr, function()
+      vim.fn.mapset('i', false, previous)
+    end)
   end
 end
 
@@ -320,16 +379,9 @@ function M.attach(bufnr)
       M.detach(bufnr)
     end,
   })
-  local key = M.opts.accept_key
-  if key then
-    local previous = fallback(key, bufnr)
-    vim.keymap.set('i', key, function()
-      if M.visible(bufnr) then
-        return '<Cmd>lua require("diffill.ghost").accept()<CR>'
-      end
-      return previous()
-    end, { buffer = bufnr, expr = true, replace_keycodes = true, desc = 'diffill: accept ghost text' })
-  end
+  map_accept(bufnr, function()
+    return M.visible(bufnr) and '<Cmd>lua require("diffill.ghost").accept()<CR>' or nil
+  end, 'diffill: accept ghost text')
 end
 
 --- Turn ghost text off for a buffer.
@@ -340,27 +392,21 @@ function M.detach(bufnr)
   if st and st.timer then
     st.timer:close()
   end
+  unmap_accept(bufnr)
   M.buffers[bufnr] = nil
   pcall(vim.api.nvim_del_augroup_by_name, ('diffill.ghost.%d'):format(bufnr))
-  if M.opts.accept_key and vim.api.nvim_buf_is_valid(bufnr) then
-    pcall(vim.keymap.del, 'i', M.opts.accept_key, { buffer = bufnr })
-  end
 end
 
---- Ghost text with Neovim's own inline completion (0.12+): enabled per buffer, the accept key falls through.
+--- Ghost text with Neovim's own inline completion (0.12+): enabled per buffer; the accept key accepts the shown
+--- completion, and does what it did before (the user's own mapping, or the key itself) when none is shown.
 ---@param bufnr integer
 ---@param client vim.lsp.Client
 function M.attach_native(bufnr, client)
   local inline = vim.lsp.inline_completion
   inline.enable(true, { bufnr = bufnr, client_id = client.id })
-  local key = M.opts.accept_key
-  if key then
-    vim.keymap.set('i', key, function()
-      if not inline.get({ bufnr = bufnr }) then
-        return key
-      end
-    end, { buffer = bufnr, expr = true, replace_keycodes = true, desc = 'diffill: accept inline completion' })
-  end
+  map_accept(bufnr, function()
+    return inline.get({ bufnr = bufnr }) and '' or nil
+  end, 'diffill: accept inline completion')
 end
 
 --- Set the options and the highlight group.
