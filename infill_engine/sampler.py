@@ -1,8 +1,9 @@
-"""The denoising loop: predict every span position at once, commit the confident ones, re-noise the rest, repeat.
+"""The denoising loop: predict every span position at once, commit some, re-noise the rest, repeat.
 
-One loop serves every family. What differs between them is configuration (`SamplerConfig.commit`) and the noise the
-denoiser understands (mask tokens, or uniformly random tokens as in DiffusionGemma). Spans longer than a block are
-denoised block by block: parallel inside a block, in order across blocks.
+One loop serves every family. What differs between them is the commit rule (`SamplerConfig.commit`, see
+`infill_engine.commit_rules`) and the noise the denoiser understands (mask tokens, or uniformly random tokens as in
+DiffusionGemma). Spans longer than a block are denoised block by block: parallel inside a block, in order across
+blocks. A step of `denoise_block` reads like the papers: predict, pick tokens, commit, check stop.
 """
 
 from __future__ import annotations
@@ -14,7 +15,10 @@ from dataclasses import dataclass, field
 import torch
 
 from infill_engine.adapters.base import Denoiser, EncodedContext
+from infill_engine.commit_rules import CanvasState, CommitRule, Prediction, commit_rule, ended_rows, initial_state
+from infill_engine.commit_rules import fresh_noise, settle_with_argmax  # noqa: F401 - fresh_noise: engine's refine
 from infill_engine.request import FillCancelled  # noqa: F401 - raised by the loop, defined without torch
+from infill_engine.special_tokens import SpecialTokens
 from infill_engine.stats import FillStats
 
 COMMIT_RULES = ("threshold", "schedule", "entropy_bound")
@@ -121,6 +125,28 @@ class DenoisedSpan:
     steps_per_block: list[int] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class Denoising:
+    """What stays fixed while one span is denoised."""
+
+    denoiser: Denoiser
+    config: SamplerConfig
+    rule: CommitRule  # chosen once, from config.commit
+    generator: torch.Generator  # the one random stream of the fill, seeded from config.seed
+    stats: FillStats
+    on_step: StepCallback | None
+
+
+@dataclass(frozen=True)
+class Block:
+    """One block of the span: the context it is denoised against and the canvas positions it decides."""
+
+    index: int  # blocks are denoised in order, from 0
+    context: EncodedContext
+    window: slice  # canvas positions this block decides
+    first_position: int  # span position of canvas position 0 (append-mode canvases hold one block each)
+
+
 # ----------------------------------------------------------------------------------------------- the step's parts
 
 
@@ -140,10 +166,49 @@ def row_temperatures(config: SamplerConfig, step: int, batch: int, device: torch
     return temps
 
 
-def scale_logits(logits: torch.Tensor, temps: torch.Tensor) -> torch.Tensor:
-    """Divide each row's logits by its temperature (rows at 0 are left as they are and decoded greedily)."""
-    safe = torch.where(temps > 0, temps, torch.ones_like(temps))
-    return logits / safe[:, None, None]
+def suppress(logits: torch.Tensor, banned: tuple[int, ...]) -> torch.Tensor:
+    """Forbid the `banned` tokens everywhere in `logits` (B, N, V)."""
+    if banned:
+        logits = logits.clone()
+        logits[..., list(banned)] = -math.inf
+    return logits
+
+
+def forbid_early_end(logits: torch.Tensor, state: CanvasState, end_ids: tuple[int, ...]) -> torch.Tensor:
+    """The span cannot end before a frozen (kept) token: end-of-span is forbidden up to the last frozen content."""
+    if not end_ids or not bool(state.frozen.any()):
+        return logits
+    is_end = torch.isin(state.tokens, torch.tensor(end_ids, device=state.tokens.device))
+    kept = state.frozen & ~is_end  # (B, N)
+    positions = torch.arange(kept.shape[1], device=kept.device)
+    last_kept = torch.where(kept, positions, torch.full_like(positions, -1)).max(dim=-1).values  # (B,)
+    before = positions[None, :] < last_kept[:, None]  # (B, N)
+    if not bool(before.any()):
+        return logits
+    logits = logits.clone()
+    banned = logits[..., list(end_ids)]
+    logits[..., list(end_ids)] = torch.where(before[..., None], torch.full_like(banned, -math.inf), banned)
+    return logits
+
+
+def forbid_tokens(
+    logits: torch.Tensor, state: CanvasState, config: SamplerConfig, special: SpecialTokens, first_position: int
+) -> torch.Tensor:
+    """Logits (B, N, V) with -inf on the tokens a span may not hold where they stand."""
+    if config.suppress_special:
+        logits = suppress(logits, special.ids_never_generated)
+    too_short = config.min_tokens - first_position  # canvas positions before the span may end
+    if not config.allow_end_of_span:
+        logits = suppress(logits, special.end_of_span_ids)
+    elif too_short > 0:
+        logits = logits.clone()
+        logits[:, :too_short, list(special.end_of_span_ids)] = -math.inf
+    return forbid_early_end(logits, state, special.end_of_span_ids)
+
+
+def entropy(probs: torch.Tensor) -> torch.Tensor:
+    """Entropy in nats of each position's distribution (B, N)."""
+    return -(probs * torch.log(probs.clamp_min(1e-30))).sum(dim=-1)
 
 
 def draw_tokens(probs: torch.Tensor, temps: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
@@ -170,172 +235,21 @@ def order_scores(
     return torch.rand(tokens.shape, generator=generator, device=tokens.device)
 
 
-def entropy(probs: torch.Tensor) -> torch.Tensor:
-    """Entropy in nats of each position's distribution (B, N)."""
-    return -(probs * torch.log(probs.clamp_min(1e-30))).sum(dim=-1)
-
-
-def choose_commits(scores: torch.Tensor, free: torch.Tensor, config: SamplerConfig, steps_left: int) -> torch.Tensor:
-    """Which free positions (B, N) to commit now, by threshold or by an even schedule; at least one per row."""
-    masked_scores = torch.where(free, scores, torch.full_like(scores, -1.0))
-    free_count = free.sum(dim=-1)  # (B,)
-    if config.commit == "threshold":
-        chosen = free & (scores >= config.threshold)
-        want = torch.clamp(free_count, max=1)  # at least the best one
-    else:  # schedule: spread what is left evenly over the steps left
-        chosen = torch.zeros_like(free)
-        want = torch.ceil(free_count.float() / max(steps_left, 1)).long()
-    ranks = masked_scores.argsort(dim=-1, descending=True).argsort(dim=-1)  # rank 0 = best
-    chosen |= free & (ranks < want[:, None])
-    return chosen
-
-
-def entropy_bound_accept(token_entropy: torch.Tensor, eligible: torch.Tensor, bound: float) -> torch.Tensor:
-    """DiffusionGemma's rule: the lowest-entropy positions while sum(entropy) - max(entropy) <= bound."""
-    ranked = torch.where(eligible, token_entropy, torch.full_like(token_entropy, math.inf))
-    sorted_entropy, order = torch.sort(ranked, dim=-1)
-    finite = torch.where(torch.isinf(sorted_entropy), torch.zeros_like(sorted_entropy), sorted_entropy)
-    selected = (torch.cumsum(finite, dim=-1) - finite <= bound) & ~torch.isinf(sorted_entropy)
-    return torch.zeros_like(selected).scatter(-1, order, selected)
-
-
-def fresh_noise(denoiser: Denoiser, shape: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
-    """Noise tokens: the mask token, or uniform random tokens for uniform-noise models."""
-    device = denoiser.device
-    if denoiser.noise == "mask":
-        return torch.full(shape, denoiser.special.mask_id, dtype=torch.long, device=device)
-    return torch.randint(0, denoiser.vocab_size, shape, generator=generator, device=device)
-
-
-def suppress(logits: torch.Tensor, banned: tuple[int, ...]) -> torch.Tensor:
-    """Forbid special tokens (mask, pad, ...) from being written into a span."""
-    if banned:
-        logits = logits.clone()
-        logits[..., list(banned)] = -math.inf
-    return logits
-
-
-def ended_rows(tokens: torch.Tensor, committed: torch.Tensor, end_ids: tuple[int, ...]) -> torch.Tensor:
-    """Rows (B,) where a committed end-of-span token settles the rest of the span."""
-    if not end_ids:
-        return torch.zeros(tokens.shape[0], dtype=torch.bool, device=tokens.device)
-    is_end = torch.isin(tokens, torch.tensor(end_ids, device=tokens.device)) & committed
-    return is_end.any(dim=-1)
-
-
-def fill_after_end(
-    tokens: torch.Tensor, committed: torch.Tensor, end_id: int, frozen: torch.Tensor | None = None
-) -> None:
-    """Once a row commits an end-of-span token, every later (not frozen) position is settled as end-of-span."""
-    is_end = (tokens == end_id) & committed
-    after = torch.cumsum(is_end.long(), dim=-1) > 0
-    after &= ~is_end
-    if frozen is not None:
-        after &= ~frozen
-    tokens[after] = end_id
-    committed |= after
-
-
-# ------------------------------------------------------------------------------------------------------ the loop
-
-
-def denoise_block(
-    denoiser: Denoiser,
-    context: EncodedContext,
-    state: "CanvasState",
-    window: slice,
-    config: SamplerConfig,
-    generator: torch.Generator,
-    stats: FillStats,
-    on_step: StepCallback | None,
-    block_index: int,
-) -> int:
-    """Denoise the positions of `window` in place until they are settled; return the steps taken."""
-    batch, length = state.tokens.shape
-    in_window = torch.zeros(length, dtype=torch.bool, device=state.tokens.device)
-    in_window[window] = True
-    history: list[torch.Tensor] = []
-    self_conditioning = None
-    # positions of this canvas that may not end the span yet (append-mode blocks number their positions from 0)
-    offset = block_index * config.block_size if denoiser.block_mode == "append" else 0
-    too_short = config.min_tokens - offset
-    # a row is done when its window has nothing left to decide (entropy-bound decoding decides every step anew)
-    done = torch.zeros(batch, dtype=torch.bool, device=state.tokens.device)
-    if config.commit != "entropy_bound":
-        done = ~((~state.committed) & in_window).any(dim=-1)
-    step = 0
-    for step in range(config.steps):
-        if bool(done.all()):
-            return step
-        temps = row_temperatures(config, step, batch, state.tokens.device)
-        raw = denoiser.predict(context, state.tokens, self_conditioning)  # (B, N, V)
-        stats.forward_passes += 1
-        if config.suppress_special:
-            raw = suppress(raw, denoiser.special.ids_never_generated)
-        if not config.allow_end_of_span:
-            raw = suppress(raw, denoiser.special.end_of_span_ids)
-        elif too_short > 0:
-            raw = raw.clone()
-            raw[:, :too_short, list(denoiser.special.end_of_span_ids)] = -math.inf
-        raw = forbid_early_end(raw, state, denoiser.special.end_of_span_ids)
-        logits = scale_logits(raw.float(), temps)
-        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)  # (B, N, V) at the sampling temperature
-        model_probs = probs if not bool((temps > 0).any()) else torch.softmax(raw.float(), dim=-1)  # (B, N, V)
-        drawn = draw_tokens(probs, temps, generator)
-        argmax = logits.argmax(dim=-1)
-        scores = order_scores(probs, drawn, config.order, generator)
-        drawn_probs = model_probs.gather(-1, drawn[..., None]).squeeze(-1)  # what ranking and revision read
-        token_entropy = entropy(probs)
-        active = ~done[:, None] & in_window  # (B, N) positions this step may change
-        free = active & ~state.committed & ~state.frozen
-
-        if config.commit == "entropy_bound":
-            eligible = active & ~state.frozen
-            accepted = entropy_bound_accept(token_entropy, eligible, config.entropy_bound)
-            noise = fresh_noise(denoiser, state.tokens.shape, generator)
-            state.tokens = torch.where(accepted, drawn, torch.where(eligible, noise, state.tokens))
-            state.probs = torch.where(accepted, drawn_probs, state.probs)
-            state.committed = torch.where(eligible, accepted, state.committed)
-        else:
-            commit = choose_commits(scores, free, config, config.steps - step)
-            state.tokens = torch.where(commit, drawn, state.tokens)
-            state.probs = torch.where(commit, drawn_probs, state.probs)
-            state.committed |= commit
-            revise_committed(denoiser, state, model_probs, argmax, active & ~commit, config, generator)
-            if config.stop_at_line_break:
-                end_after_line_break(denoiser, state)
-            settle_ends(denoiser, state)
-
-        # early stop: the argmax canvas is stable and the model is confident about the whole window
-        window_argmax = torch.where(in_window, argmax, torch.full_like(argmax, -1))
-        history.append(window_argmax)
-        stable = stable_rows(history, config.stability_steps)
-        mean_entropy = (token_entropy * in_window).sum(-1) / in_window.sum()
-        confident = stable & (mean_entropy < config.confidence_threshold) & ~done
-        if config.commit == "entropy_bound":
-            state.argmax = torch.where(done[:, None], state.argmax, argmax)
-        if bool(confident.any()):
-            settle_with_argmax(state, argmax, model_probs, confident[:, None] & in_window)
-            stats.stopped_early = True
-        done |= confident
-        if config.commit != "entropy_bound":
-            done |= ~((~state.committed) & in_window).any(dim=-1)
-        self_conditioning = logits
-        if on_step is not None and on_step(StepView(block_index, step, state.tokens, state.committed)) is False:
-            raise FillCancelled()
-    # step limit reached: whatever is still undecided takes the model's last argmax
-    if config.commit == "entropy_bound":
-        settle_with_argmax(state, state.argmax, None, ~done[:, None] & in_window)
-    else:
-        settle_with_argmax(state, argmax, model_probs, ~state.committed & in_window)
-    return step + 1
+def pick_tokens(logits: torch.Tensor, temps: torch.Tensor, order: str, generator: torch.Generator) -> Prediction:
+    """Draw a token per position from `logits` (B, N, V) at each row's temperature `temps` (B,), and score it."""
+    safe = torch.where(temps > 0, temps, torch.ones_like(temps))  # greedy rows are left as they are
+    scaled = logits.float() / safe[:, None, None]  # (B, N, V)
+    probs = torch.softmax(scaled, dim=-1, dtype=torch.float32)  # (B, N, V) at the sampling temperature
+    model_probs = torch.softmax(logits.float(), dim=-1) if bool((temps > 0).any()) else probs  # (B, N, V)
+    drawn = draw_tokens(probs, temps, generator)  # (B, N)
+    scores = order_scores(probs, drawn, order, generator)  # (B, N)
+    drawn_probs = model_probs.gather(-1, drawn[..., None]).squeeze(-1)  # (B, N)
+    return Prediction(scaled, model_probs, drawn, drawn_probs, scaled.argmax(dim=-1), scores, entropy(probs))
 
 
 def stable_rows(history: list[torch.Tensor], needed: int) -> torch.Tensor:
     """Rows (B,) whose argmax canvas has not changed over the last `needed` steps."""
     latest = history[-1]
-    if needed == 0:
-        return torch.ones(latest.shape[0], dtype=torch.bool, device=latest.device)
     if len(history) <= needed:
         return torch.zeros(latest.shape[0], dtype=torch.bool, device=latest.device)
     same = torch.ones(latest.shape[0], dtype=torch.bool, device=latest.device)
@@ -344,107 +258,102 @@ def stable_rows(history: list[torch.Tensor], needed: int) -> torch.Tensor:
     return same
 
 
-def revise_committed(
-    denoiser: Denoiser,
-    state: "CanvasState",
-    probs: torch.Tensor,
-    argmax: torch.Tensor,
-    candidates: torch.Tensor,
-    config: SamplerConfig,
-    generator: torch.Generator,
-) -> None:
-    """Self-correction: re-noise committed tokens whose probability fell while the model now prefers another."""
-    if config.revise_below <= 0:
-        return
-    current = probs.gather(-1, state.tokens[..., None]).squeeze(-1)
-    revise = candidates & state.committed & ~state.frozen & (current < config.revise_below) & (argmax != state.tokens)
-    if bool(revise.any()):
-        noise = fresh_noise(denoiser, state.tokens.shape, generator)
-        state.tokens = torch.where(revise, noise, state.tokens)
-        state.committed &= ~revise
-        state.revisions += int(revise.sum())
+def check_stop(
+    history: list[torch.Tensor], prediction: Prediction, in_window: torch.Tensor, config: SamplerConfig
+) -> torch.Tensor:
+    """Record this step's argmax; rows (B,) that may stop early: a stable argmax and a confident model."""
+    history.append(torch.where(in_window, prediction.argmax, torch.full_like(prediction.argmax, -1)))  # (B, N)
+    mean_entropy = (prediction.entropy * in_window).sum(-1) / in_window.sum()  # (B,)
+    return stable_rows(history, config.stability_steps) & (mean_entropy < config.confidence_threshold)
 
 
-def settle_ends(denoiser: Denoiser, state: "CanvasState") -> None:
-    """Positions after a committed end-of-span token are end-of-span too: the span has ended there."""
-    if denoiser.special.end_of_span_ids:
-        fill_after_end(state.tokens, state.committed, denoiser.special.end_of_span_ids[0], state.frozen)
+# ------------------------------------------------------------------------------------------------------ the loop
 
 
-def end_after_line_break(denoiser: Denoiser, state: "CanvasState") -> None:
-    """Commit end-of-span right after the first line break of the committed run that starts the span."""
-    if not denoiser.special.end_of_span_ids:
-        return
-    breaks = denoiser.line_break_ids.to(state.tokens.device)
-    leading = state.committed.long().cumprod(dim=-1).bool()  # (B, N) every position up to here is committed
-    is_break = torch.isin(state.tokens, breaks) & leading
-    if not bool(is_break.any()):
-        return
-    length = state.tokens.shape[1]
-    positions = torch.arange(length, device=state.tokens.device)
-    first = torch.where(is_break, positions, length).min(dim=-1).values  # (B,) length where a row has none
-    ends = (positions[None, :] == first[:, None] + 1) & ~state.frozen  # (B, N)
-    state.tokens = torch.where(ends, denoiser.special.end_of_span_ids[0], state.tokens)
-    state.committed |= ends  # settle_ends then fills the rest of the row
+def denoise_block(run: Denoising, block: Block, state: CanvasState) -> int:
+    """Denoise the positions of the block's window in place until they are settled; return the steps taken."""
+    config, rule = run.config, run.rule
+    batch, length = state.tokens.shape
+    in_window = torch.zeros(length, dtype=torch.bool, device=state.tokens.device)  # (N,)
+    in_window[block.window] = True
+    history: list[torch.Tensor] = []  # (B, N) argmax of every step so far
+    self_conditioning = None  # (B, N, V) the previous step's logits, for models that read them
+    done = rule.settled(state, in_window)  # (B,) rows with nothing left to decide
+    step = 0
+    for step in range(config.steps):
+        if bool(done.all()):
+            return step
+        # predict: logits of every canvas position, the tokens a span may not hold here forbidden
+        logits = run.denoiser.predict(block.context, state.tokens, self_conditioning)  # (B, N, V)
+        run.stats.forward_passes += 1
+        logits = forbid_tokens(logits, state, config, run.denoiser.special, block.first_position)
+        # pick tokens: draw one per position at each row's temperature
+        temps = row_temperatures(config, step, batch, state.tokens.device)  # (B,)
+        prediction = pick_tokens(logits, temps, config.order, run.generator)
+        # commit: the rule decides which positions keep their token; the others are (re-)noised
+        active = ~done[:, None] & in_window  # (B, N) positions this step may change
+        rule.commit(state, prediction, active, config.steps - step)
+        # check stop: a stable, confident row takes its argmax and is done
+        confident = check_stop(history, prediction, in_window, config) & ~done  # (B,)
+        state.argmax = torch.where(done[:, None], state.argmax, prediction.argmax)  # (B, N)
+        if bool(confident.any()):
+            settle_with_argmax(state, prediction.argmax, prediction.model_probs, confident[:, None] & in_window)
+            run.stats.stopped_early = True
+        done |= confident | rule.settled(state, in_window)
+        self_conditioning = prediction.logits if run.denoiser.uses_self_conditioning else None
+        if run.on_step is not None and run.on_step(StepView(block.index, step, state.tokens, state.committed)) is False:
+            raise FillCancelled()
+    rule.finish(state, prediction, in_window)  # step limit reached: what is undecided takes the last argmax
+    return step + 1
 
 
-def forbid_early_end(logits: torch.Tensor, state: "CanvasState", end_ids: tuple[int, ...]) -> torch.Tensor:
-    """The span cannot end before a frozen (kept) token: end-of-span is forbidden up to the last frozen content."""
-    if not end_ids or not bool(state.frozen.any()):
-        return logits
-    is_end = torch.isin(state.tokens, torch.tensor(end_ids, device=state.tokens.device))
-    kept = state.frozen & ~is_end  # (B, N)
-    positions = torch.arange(kept.shape[1], device=kept.device)
-    last_kept = torch.where(kept, positions, torch.full_like(positions, -1)).max(dim=-1).values  # (B,)
-    before = positions[None, :] < last_kept[:, None]  # (B, N)
-    if not bool(before.any()):
-        return logits
-    logits = logits.clone()
-    banned = logits[..., list(end_ids)]
-    logits[..., list(end_ids)] = torch.where(before[..., None], torch.full_like(banned, -math.inf), banned)
-    return logits
+def block_windows(span_length: int, block_size: int, whole: bool) -> list[slice]:
+    """The span positions of each block, in order (one block when `whole` or when the span fits one)."""
+    if whole or span_length <= block_size:
+        return [slice(0, span_length)]
+    return [slice(start, min(start + block_size, span_length)) for start in range(0, span_length, block_size)]
 
 
-def settle_with_argmax(
-    state: "CanvasState", argmax: torch.Tensor, probs: torch.Tensor | None, where: torch.Tensor
-) -> None:
-    """Commit the model's argmax at `where` (B, N)."""
-    where = where & ~state.frozen
-    state.tokens = torch.where(where, argmax, state.tokens)
-    if probs is not None:
-        state.probs = torch.where(where, probs.gather(-1, argmax[..., None]).squeeze(-1), state.probs)
-    state.committed |= where
+def denoise_on_one_canvas(
+    run: Denoising, prefix_ids: list[int], suffix_ids: list[int], windows: list[slice], state: CanvasState
+) -> list[int]:
+    """The whole span on one canvas against one encoded context; the blocks order the commits."""
+    batch, length = state.tokens.shape
+    with run.stats.timed("encode"):
+        context = run.denoiser.encode(prefix_ids, suffix_ids, length, batch)
+    run.stats.context_encodes += 1
+    steps_per_block = []
+    for index, window in enumerate(windows):
+        with run.stats.timed("denoise"):
+            steps_per_block.append(denoise_block(run, Block(index, context, window, 0), state))
+        if bool(ended_rows(state.tokens, state.committed, run.denoiser.special.end_of_span_ids).all()):
+            break
+    return steps_per_block
 
 
-@dataclass
-class CanvasState:
-    """The span of every candidate while it is being denoised."""
-
-    tokens: torch.Tensor  # (B, N) current tokens (noise where undecided)
-    committed: torch.Tensor  # (B, N) decided positions
-    frozen: torch.Tensor  # (B, N) positions given by the caller that the loop must never change
-    probs: torch.Tensor  # (B, N) probability of each committed token
-    argmax: torch.Tensor  # (B, N) the last argmax (the output of entropy-bound decoding)
-    revisions: int = 0
-
-
-def initial_state(
-    denoiser: Denoiser,
-    batch: int,
-    length: int,
-    generator: torch.Generator,
-    initial: torch.Tensor | None,
-    frozen: torch.Tensor | None,
-) -> CanvasState:
-    """A canvas of pure noise, or the caller's tokens with the non-frozen positions re-noised."""
-    device = denoiser.device
-    noise = fresh_noise(denoiser, (batch, length), generator)
-    if frozen is None:
-        frozen = torch.zeros((batch, length), dtype=torch.bool, device=device)
-    frozen = frozen.to(device).expand(batch, length).clone()
-    tokens = noise if initial is None else torch.where(frozen, initial.to(device).expand(batch, length), noise)
-    probs = torch.where(frozen, torch.ones(batch, length, device=device), torch.zeros(batch, length, device=device))
-    return CanvasState(tokens, frozen.clone(), frozen, probs, tokens.clone())
+def denoise_appended_blocks(
+    run: Denoising, prefix_ids: list[int], suffix_ids: list[int], windows: list[slice], state: CanvasState
+) -> list[int]:
+    """Block diffusion: each block is its own canvas; finished blocks join the context of the next."""
+    end_ids = run.denoiser.special.end_of_span_ids
+    steps_per_block = []
+    for index, window in enumerate(windows):
+        finished = run.rule.answer(state)[:, : window.start]  # (B, k) the blocks before this one
+        with run.stats.timed("encode"):
+            context = run.denoiser.encode_rows(prefix_ids, finished, suffix_ids, window.stop - window.start)
+        run.stats.context_encodes += 1
+        parts = (state.tokens, state.committed, state.frozen, state.probs, state.argmax)
+        block_state = CanvasState(*(part[:, window].clone() for part in parts))
+        block = Block(index, context, slice(0, window.stop - window.start), window.start)
+        with run.stats.timed("denoise"):
+            steps_per_block.append(denoise_block(run, block, block_state))
+        state.tokens[:, window] = block_state.tokens
+        state.committed[:, window] = block_state.committed
+        state.probs[:, window] = block_state.probs
+        state.argmax[:, window] = block_state.argmax
+        if bool(ended_rows(run.rule.answer(state), torch.ones_like(state.committed), end_ids).all()):
+            break
+    return steps_per_block
 
 
 @torch.no_grad()
@@ -465,74 +374,19 @@ def denoise_span(
     With `initial` (N,) or (B, N) tokens and a `frozen` mask, the frozen positions are kept and the others are
     re-noised and decided again (used to repair and to refine).
     """
+    if frozen is not None and initial is None:
+        raise ValueError("a frozen mask needs the initial tokens it keeps")
     stats = stats if stats is not None else FillStats()
     generator = torch.Generator(device=denoiser.device).manual_seed(config.seed)
+    rule = commit_rule(
+        config.commit, denoiser, generator, threshold=config.threshold, entropy_bound=config.entropy_bound,
+        revise_below=config.revise_below, stop_at_line_break=config.stop_at_line_break,
+    )
+    run = Denoising(denoiser, config, rule, generator, stats, on_step)
     state = initial_state(denoiser, batch_size, span_length, generator, initial, frozen)
-    whole = initial is not None or span_length <= config.block_size
-    windows = [slice(0, span_length)] if whole else [
-        slice(start, min(start + config.block_size, span_length)) for start in range(0, span_length, config.block_size)
-    ]
-    steps_per_block = []
+    windows = block_windows(span_length, config.block_size, whole=initial is not None)
     if denoiser.block_mode == "restrict" or len(windows) == 1:
-        with stats.timed("encode"):
-            context = denoiser.encode(prefix_ids, suffix_ids, span_length, batch_size)
-        stats.context_encodes += 1
-        for index, window in enumerate(windows):
-            with stats.timed("denoise"):
-                steps_per_block.append(
-                    denoise_block(denoiser, context, state, window, config, generator, stats, on_step, index)
-                )
-            if bool(ended_rows(state.tokens, state.committed, denoiser.special.end_of_span_ids).all()):
-                break
+        steps_per_block = denoise_on_one_canvas(run, prefix_ids, suffix_ids, windows, state)
     else:
-        steps_per_block = denoise_appended_blocks(
-            denoiser, prefix_ids, suffix_ids, windows, state, config, generator, stats, on_step
-        )
-    tokens = state.argmax if config.commit == "entropy_bound" and initial is None else state.tokens
-    if config.commit == "entropy_bound" and initial is not None:
-        tokens = torch.where(state.frozen, state.tokens, state.argmax)
-    return DenoisedSpan(tokens, state.probs, stats.stopped_early, steps_per_block)
-
-
-def denoise_appended_blocks(
-    denoiser: Denoiser,
-    prefix_ids: list[int],
-    suffix_ids: list[int],
-    windows: list[slice],
-    state: CanvasState,
-    config: SamplerConfig,
-    generator: torch.Generator,
-    stats: FillStats,
-    on_step: StepCallback | None,
-) -> list[int]:
-    """Block diffusion: each block is its own canvas; finished blocks join the context of the next."""
-    steps_per_block = []
-    for index, window in enumerate(windows):
-        done_so_far = state.tokens[:, : window.start]
-        if config.commit == "entropy_bound":
-            done_so_far = state.argmax[:, : window.start]
-        with stats.timed("encode"):
-            context = denoiser.encode_rows(prefix_ids, done_so_far, suffix_ids, window.stop - window.start)
-        stats.context_encodes += 1
-        block = CanvasState(
-            state.tokens[:, window].clone(),
-            state.committed[:, window].clone(),
-            state.frozen[:, window].clone(),
-            state.probs[:, window].clone(),
-            state.argmax[:, window].clone(),
-        )
-        with stats.timed("denoise"):
-            steps_per_block.append(
-                denoise_block(
-                    denoiser, context, block, slice(0, window.stop - window.start), config, generator, stats,
-                    on_step, index,
-                )
-            )
-        state.tokens[:, window] = block.tokens
-        state.committed[:, window] = block.committed
-        state.probs[:, window] = block.probs
-        state.argmax[:, window] = block.argmax
-        finished = state.argmax if config.commit == "entropy_bound" else state.tokens
-        if bool(ended_rows(finished, torch.ones_like(state.committed), denoiser.special.end_of_span_ids).all()):
-            break
-    return steps_per_block
+        steps_per_block = denoise_appended_blocks(run, prefix_ids, suffix_ids, windows, state)
+    return DenoisedSpan(rule.answer(state), state.probs, stats.stopped_early, steps_per_block)

@@ -1,0 +1,277 @@
+"""The canvas being denoised, and the commit rules: which positions a step decides, and what a block's answer is.
+
+Every step the model predicts a token for each position of the canvas; a commit rule decides which of those
+predictions to keep. Two families of rule exist in the literature:
+
+- `KeepCommitted` (Fast-dLLM's threshold, LLaDA's schedule): a committed position stays committed (unless
+  self-correction re-noises it); the block is finished once every position is committed, and the canvas is the answer.
+- `EntropyBound` (DiffusionGemma): each step accepts the lowest-entropy positions and re-noises all the others;
+  nothing stays committed, so the block runs until it is confident or out of steps, and the answer is the last argmax.
+
+The sampler (`infill_engine.sampler`) picks one rule per fill with `commit_rule` and never asks which one it holds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from infill_engine.adapters.base import Denoiser
+
+
+@dataclass
+class CanvasState:
+    """The span of every candidate while it is being denoised."""
+
+    tokens: torch.Tensor  # (B, N) current tokens (noise where undecided)
+    committed: torch.Tensor  # (B, N) decided positions
+    frozen: torch.Tensor  # (B, N) positions given by the caller that the loop must never change
+    probs: torch.Tensor  # (B, N) probability of each committed token
+    argmax: torch.Tensor  # (B, N) the last argmax of each row still being denoised
+
+
+@dataclass
+class Prediction:
+    """What one forward pass says about every position of the canvas."""
+
+    logits: torch.Tensor  # (B, N, V) allowed logits divided by each row's temperature
+    model_probs: torch.Tensor  # (B, N, V) the model's distribution at temperature 1
+    drawn: torch.Tensor  # (B, N) token drawn at the row's temperature (the argmax on greedy rows)
+    drawn_probs: torch.Tensor  # (B, N) model probability of the drawn token
+    argmax: torch.Tensor  # (B, N) the most likely token
+    scores: torch.Tensor  # (B, N) how sure the model is, in [0, 1], for the order of commits
+    entropy: torch.Tensor  # (B, N) entropy (nats) at the sampling temperature
+
+
+class CommitRule(Protocol):
+    """How a step turns predictions into decided positions, and when a block is finished."""
+
+    def commit(self, state: CanvasState, prediction: Prediction, active: torch.Tensor, steps_left: int) -> None:
+        """Decide, in place, positions of `active` (B, N) from this step's prediction."""
+
+    def settled(self, state: CanvasState, in_window: torch.Tensor) -> torch.Tensor:
+        """Rows (B,) with nothing left to decide in the window (N,)."""
+
+    def finish(self, state: CanvasState, prediction: Prediction, in_window: torch.Tensor) -> None:
+        """At the step limit: the window's undecided positions take the model's argmax."""
+
+    def answer(self, state: CanvasState) -> torch.Tensor:
+        """The span tokens (B, N) the rule settled on."""
+
+
+# --------------------------------------------------------------------------------------- the canvas and its ends
+
+
+def fresh_noise(denoiser: Denoiser, shape: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
+    """Noise tokens: the mask token, or uniform random tokens for uniform-noise models."""
+    device = denoiser.device
+    if denoiser.noise == "mask":
+        return torch.full(shape, denoiser.special.mask_id, dtype=torch.long, device=device)
+    return torch.randint(0, denoiser.vocab_size, shape, generator=generator, device=device)
+
+
+def initial_state(
+    denoiser: Denoiser,
+    batch: int,
+    length: int,
+    generator: torch.Generator,
+    initial: torch.Tensor | None,
+    frozen: torch.Tensor | None,
+) -> CanvasState:
+    """A canvas of pure noise, or the caller's tokens with the non-frozen positions re-noised."""
+    device = denoiser.device
+    noise = fresh_noise(denoiser, (batch, length), generator)  # (B, N)
+    if frozen is None:
+        frozen = torch.zeros((batch, length), dtype=torch.bool, device=device)
+    frozen = frozen.to(device).expand(batch, length).clone()  # (B, N)
+    tokens = noise if initial is None else torch.where(frozen, initial.to(device).expand(batch, length), noise)
+    probs = torch.where(frozen, torch.ones(batch, length, device=device), torch.zeros(batch, length, device=device))
+    return CanvasState(tokens, frozen.clone(), frozen, probs, tokens.clone())
+
+
+def settle_with_argmax(
+    state: CanvasState, argmax: torch.Tensor, probs: torch.Tensor | None, where: torch.Tensor
+) -> None:
+    """Commit the argmax (B, N) at `where` (B, N), recording its probability from `probs` (B, N, V) if given."""
+    where = where & ~state.frozen
+    state.tokens = torch.where(where, argmax, state.tokens)
+    if probs is not None:
+        state.probs = torch.where(where, probs.gather(-1, argmax[..., None]).squeeze(-1), state.probs)
+    state.committed |= where
+
+
+def fill_after_end(
+    tokens: torch.Tensor, committed: torch.Tensor, end_id: int, frozen: torch.Tensor | None = None
+) -> None:
+    """Once a row commits an end-of-span token, every later (not frozen) position is settled as end-of-span."""
+    is_end = (tokens == end_id) & committed
+    after = torch.cumsum(is_end.long(), dim=-1) > 0
+    after &= ~is_end
+    if frozen is not None:
+        after &= ~frozen
+    tokens[after] = end_id
+    committed |= after
+
+
+def end_after_line_break(denoiser: Denoiser, state: CanvasState) -> None:
+    """Commit end-of-span right after the first line break of the committed run that starts the span."""
+    if not denoiser.special.end_of_span_ids:
+        return
+    breaks = denoiser.line_break_ids.to(state.tokens.device)
+    leading = state.committed.long().cumprod(dim=-1).bool()  # (B, N) every position up to here is committed
+    is_break = torch.isin(state.tokens, breaks) & leading
+    if not bool(is_break.any()):
+        return
+    length = state.tokens.shape[1]
+    positions = torch.arange(length, device=state.tokens.device)
+    first = torch.where(is_break, positions, length).min(dim=-1).values  # (B,) length where a row has none
+    ends = (positions[None, :] == first[:, None] + 1) & ~state.frozen  # (B, N)
+    state.tokens = torch.where(ends, denoiser.special.end_of_span_ids[0], state.tokens)
+    state.committed |= ends  # settle_ends then fills the rest of the row
+
+
+def ended_rows(tokens: torch.Tensor, committed: torch.Tensor, end_ids: tuple[int, ...]) -> torch.Tensor:
+    """Rows (B,) where a committed end-of-span token settles the rest of the span."""
+    if not end_ids:
+        return torch.zeros(tokens.shape[0], dtype=torch.bool, device=tokens.device)
+    is_end = torch.isin(tokens, torch.tensor(end_ids, device=tokens.device)) & committed
+    return is_end.any(dim=-1)
+
+
+def settle_ends(denoiser: Denoiser, state: CanvasState) -> None:
+    """Positions after a committed end-of-span token are end-of-span too: the span has ended there."""
+    if denoiser.special.end_of_span_ids:
+        fill_after_end(state.tokens, state.committed, denoiser.special.end_of_span_ids[0], state.frozen)
+
+
+# -------------------------------------------------------------------------------------------------- the rules
+
+
+def take_best(scores: torch.Tensor, free: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
+    """The `want` (B,) highest-scoring free positions (B, N) of each row."""
+    masked_scores = torch.where(free, scores, torch.full_like(scores, -1.0))
+    ranks = masked_scores.argsort(dim=-1, descending=True).argsort(dim=-1)  # (B, N) rank 0 = best
+    return free & (ranks < want[:, None])
+
+
+def by_threshold(scores: torch.Tensor, free: torch.Tensor, threshold: float, steps_left: int) -> torch.Tensor:
+    """Fast-dLLM: every free position (B, N) whose score reaches `threshold`, and always the best one."""
+    want = torch.clamp(free.sum(dim=-1), max=1)  # (B,)
+    return (free & (scores >= threshold)) | take_best(scores, free, want)
+
+
+def by_schedule(scores: torch.Tensor, free: torch.Tensor, threshold: float, steps_left: int) -> torch.Tensor:
+    """LLaDA: the free positions (B, N) spread evenly over the steps left, the best first."""
+    want = torch.ceil(free.sum(dim=-1).float() / max(steps_left, 1)).long()  # (B,)
+    return take_best(scores, free, want)
+
+
+Quota = Callable[[torch.Tensor, torch.Tensor, float, int], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class KeepCommitted:
+    """Fast-dLLM's threshold and LLaDA's schedule: committed positions stay; the canvas is the answer."""
+
+    denoiser: Denoiser
+    generator: torch.Generator
+    quota: Quota  # by_threshold or by_schedule
+    threshold: float  # the score a position needs (by_threshold)
+    revise_below: float  # self-correction: re-noise a committed token whose probability fell below this; 0 = off
+    stop_at_line_break: bool  # end the span after the first line break of its committed start
+
+    def commit(self, state: CanvasState, prediction: Prediction, active: torch.Tensor, steps_left: int) -> None:
+        """Commit the surest free positions, re-noise committed ones the model changed its mind on, settle ends."""
+        free = active & ~state.committed & ~state.frozen  # (B, N)
+        chosen = self.quota(prediction.scores, free, self.threshold, steps_left)  # (B, N)
+        state.tokens = torch.where(chosen, prediction.drawn, state.tokens)
+        state.probs = torch.where(chosen, prediction.drawn_probs, state.probs)
+        state.committed |= chosen
+        self.revise(state, prediction, active & ~chosen)
+        if self.stop_at_line_break:
+            end_after_line_break(self.denoiser, state)
+        settle_ends(self.denoiser, state)
+
+    def revise(self, state: CanvasState, prediction: Prediction, candidates: torch.Tensor) -> None:
+        """Self-correction: re-noise committed tokens whose probability fell while the model now prefers another."""
+        if self.revise_below <= 0:
+            return
+        current = prediction.model_probs.gather(-1, state.tokens[..., None]).squeeze(-1)  # (B, N)
+        revise = candidates & state.committed & ~state.frozen & (current < self.revise_below)
+        revise &= prediction.argmax != state.tokens
+        if bool(revise.any()):
+            noise = fresh_noise(self.denoiser, state.tokens.shape, self.generator)
+            state.tokens = torch.where(revise, noise, state.tokens)
+            state.committed &= ~revise
+
+    def settled(self, state: CanvasState, in_window: torch.Tensor) -> torch.Tensor:
+        """Rows (B,) whose window is fully committed."""
+        return ~((~state.committed) & in_window).any(dim=-1)
+
+    def finish(self, state: CanvasState, prediction: Prediction, in_window: torch.Tensor) -> None:
+        """The positions never committed take the last argmax."""
+        settle_with_argmax(state, prediction.argmax, prediction.model_probs, ~state.committed & in_window)
+
+    def answer(self, state: CanvasState) -> torch.Tensor:
+        """The canvas."""
+        return state.tokens
+
+
+def entropy_bound_accept(token_entropy: torch.Tensor, eligible: torch.Tensor, bound: float) -> torch.Tensor:
+    """DiffusionGemma: the lowest-entropy positions (B, N) while sum(entropy) - max(entropy) <= bound."""
+    ranked = torch.where(eligible, token_entropy, torch.full_like(token_entropy, math.inf))
+    sorted_entropy, order = torch.sort(ranked, dim=-1)
+    finite = torch.where(torch.isinf(sorted_entropy), torch.zeros_like(sorted_entropy), sorted_entropy)
+    selected = (torch.cumsum(finite, dim=-1) - finite <= bound) & ~torch.isinf(sorted_entropy)
+    return torch.zeros_like(selected).scatter(-1, order, selected)
+
+
+@dataclass(frozen=True)
+class EntropyBound:
+    """DiffusionGemma: accept the lowest-entropy positions, re-noise the rest; the answer is the last argmax."""
+
+    denoiser: Denoiser
+    generator: torch.Generator
+    bound: float  # the summed entropy (nats) of the accepted positions, less the largest one
+
+    def commit(self, state: CanvasState, prediction: Prediction, active: torch.Tensor, steps_left: int) -> None:
+        """Every non-frozen active position is decided anew: accepted, or re-noised."""
+        eligible = active & ~state.frozen  # (B, N)
+        accepted = entropy_bound_accept(prediction.entropy, eligible, self.bound)  # (B, N)
+        noise = fresh_noise(self.denoiser, state.tokens.shape, self.generator)
+        state.tokens = torch.where(accepted, prediction.drawn, torch.where(eligible, noise, state.tokens))
+        state.probs = torch.where(accepted, prediction.drawn_probs, state.probs)
+        state.committed = torch.where(eligible, accepted, state.committed)
+
+    def settled(self, state: CanvasState, in_window: torch.Tensor) -> torch.Tensor:
+        """Never: nothing stays committed, so the block runs until it is confident or out of steps."""
+        return torch.zeros(state.tokens.shape[0], dtype=torch.bool, device=state.tokens.device)
+
+    def finish(self, state: CanvasState, prediction: Prediction, in_window: torch.Tensor) -> None:
+        """The window takes each row's last argmax (rows that stopped early already hold theirs)."""
+        settle_with_argmax(state, state.argmax, None, in_window)
+
+    def answer(self, state: CanvasState) -> torch.Tensor:
+        """The last argmax, and the caller's tokens where they are frozen."""
+        return torch.where(state.frozen, state.tokens, state.argmax)
+
+
+def commit_rule(
+    commit: str,
+    denoiser: Denoiser,
+    generator: torch.Generator,
+    *,
+    threshold: float,
+    entropy_bound: float,
+    revise_below: float,
+    stop_at_line_break: bool,
+) -> CommitRule:
+    """The rule named by `SamplerConfig.commit`: "threshold", "schedule" or "entropy_bound"."""
+    if commit == "entropy_bound":
+        return EntropyBound(denoiser, generator, entropy_bound)
+    quota = by_schedule if commit == "schedule" else by_threshold
+    return KeepCommitted(denoiser, generator, quota, threshold, revise_below, stop_at_line_break)
