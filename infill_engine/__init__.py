@@ -8,6 +8,11 @@ from __future__ import annotations
 from typing import Any
 
 _EXPORTS = {
+    "Engine": "infill_engine.interface",
+    "EngineOptions": "infill_engine.interface",
+    "ModelInfo": "infill_engine.interface",
+    "ModelSpec": "infill_engine.interface",
+    "open_engine": "infill_engine.interface",
     "InfillEngine": "infill_engine.engine",
     "InfillRequest": "infill_engine.engine",
     "InfillResult": "infill_engine.engine",

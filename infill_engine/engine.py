@@ -6,9 +6,9 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
-import os
 from dataclasses import replace
 
 import torch
@@ -16,6 +16,7 @@ import torch
 from infill_engine import syntax
 from infill_engine.adapters.base import Denoiser
 from infill_engine.canvas import ContextConfig, trim_context
+from infill_engine.interface import DEFAULT_GROW, DEFAULT_KEEP_ABOVE, EngineOptions, ModelInfo, ModelSpec
 from infill_engine.request import (  # noqa: F401 - the request types are part of this module's interface
     MAX_CANDIDATES,
     MAX_SPAN_TOKENS,
@@ -30,7 +31,7 @@ logger = logging.getLogger(__name__)
 
 
 class InfillEngine:
-    """Fills holes with a diffusion denoiser; knows nothing of editors or LSP."""
+    """Fills holes with a diffusion denoiser in this process (an `Engine`); knows nothing of editors or LSP."""
 
     def __init__(
         self,
@@ -43,27 +44,59 @@ class InfillEngine:
         self.sampler = sampler or default_sampler_for(denoiser)
         self.context = context or ContextConfig()
         self.repair_rounds = repair_rounds
+        self._defaults = (self.sampler, self.context)  # what `configure` starts from
 
     @classmethod
     def load(
-        cls,
-        path: str | os.PathLike[str] | None = None,
-        *,
-        family: str | None = None,
-        device: str = "auto",
-        dtype: str = "auto",
-        trust_remote_code: bool = False,
-        sampler: SamplerConfig | None = None,
-        context: ContextConfig | None = None,
+        cls, spec: ModelSpec | None = None, sampler: SamplerConfig | None = None, context: ContextConfig | None = None
     ) -> "InfillEngine":
-        """Load a checkpoint (the embedded one when `path` is None) and wrap it in an engine."""
+        """Load the checkpoint of `spec` (by default the embedded one) and wrap it in an engine."""
         from infill_engine.loading import load_denoiser
 
-        denoiser = load_denoiser(path, family=family, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
+        spec = spec or ModelSpec()
+        denoiser = load_denoiser(spec.path, family=spec.family, device=spec.device, dtype=spec.dtype,
+                                 trust_remote_code=spec.trust_remote_code)
         return cls(denoiser, sampler=sampler, context=context)
 
-    def fill(self, request: InfillRequest, on_step: StepCallback | None = None) -> InfillResult:
-        """Fill the hole between `request.prefix` and `request.suffix`."""
+    # ----------------------------------------------------------------------------------- the rest of `Engine`
+    def describe(self) -> ModelInfo:
+        """The model's family, directory and device."""
+        return ModelInfo(family=self.denoiser.family, path=str(self.denoiser.path), device=str(self.denoiser.device))
+
+    def count_tokens(self, text: str) -> int:
+        """How many of the model's tokens `text` is."""
+        return len(self.tokenize(text))
+
+    def tokenize(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """The model's token ids of `text`."""
+        return list(self.denoiser.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
+
+    def configure(self, options: EngineOptions) -> None:
+        """Use these sampling and context settings from now on; unset ones go back to the engine's defaults."""
+        self.sampler, self.context = self._with(options)
+
+    def with_options(self, options: EngineOptions) -> "InfillEngine":
+        """A shallow copy (the same model) that uses these settings, for one client of a shared engine."""
+        engine = copy.copy(self)
+        engine.sampler, engine.context = self._with(options, current=True)
+        return engine
+
+    def _with(self, options: EngineOptions, current: bool = False) -> tuple[SamplerConfig, ContextConfig]:
+        """The sampler and context of the defaults (or the current ones) with `options` set."""
+        sampler, context = (self.sampler, self.context) if current else self._defaults
+        values = options.as_dict()
+        sampler = replace(sampler, **{k: values[k] for k in ("steps", "seed") if k in values})
+        context = replace(context, **{k: values[k] for k in ("prefix_tokens", "suffix_tokens") if k in values})
+        return sampler, context
+
+    def close(self) -> None:
+        """Nothing to let go of: the model is freed with the engine."""
+
+    # ------------------------------------------------------------------------------------------------ filling
+    def fill(
+        self, request: InfillRequest, on_step: StepCallback | None = None, *, document: str | None = None
+    ) -> InfillResult:
+        """Fill the hole between `request.prefix` and `request.suffix` (`document` is for shared engines)."""
         request.validate()
         stats = FillStats(candidates=request.candidates, canvas_positions=request.max_tokens)
         language = syntax.language_for(request.language) if request.language else None
@@ -212,9 +245,11 @@ class InfillEngine:
         request: InfillRequest,
         original: str,
         renoise: list[tuple[int, int]] | None = None,
-        keep_above: float | None = 0.9,
-        grow: int = 4,
+        keep_above: float | None = DEFAULT_KEEP_ABOVE,
+        grow: int = DEFAULT_GROW,
         on_step: StepCallback | None = None,
+        *,
+        document: str | None = None,
     ) -> InfillResult:
         """Denoise `original` again in place, starting from its own tokens, and keep what the model is sure of.
 
@@ -224,8 +259,9 @@ class InfillEngine:
         re-noised; tokens overlapping a `renoise` character range of `original` (one token of margin) are re-noised
         too; the others stay as they are. `grow` free positions after the text let it grow (a missing closing
         bracket) or stay empty. The span cannot end inside the text (`SamplerConfig.min_tokens`), so a re-noised
-        position there is given a token and the kept tokens after it survive. Candidates are gated against the document with `original` in place. `request.max_tokens` is not
-        used: the span is the text's tokens plus `grow`.
+        position there is given a token and the kept tokens after it survive. Candidates are gated against the
+        document with `original` in place. `request.max_tokens` is not used: the span is the text's tokens plus
+        `grow`. `document` is for shared engines.
         """
         request.validate()
         special = self.denoiser.special

@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # the adapters import torch; loading's constants and checks m
 
 logger = logging.getLogger(__name__)
 
-FAMILIES = ("diffill", "diffusion_gemma", "llada", "dream", "mlm")
+from infill_engine.interface import FAMILIES  # noqa: E402 - one list of families, torch-free
 # model_type (lower case) -> family, for the checkpoints we know
 KNOWN_MODEL_TYPES = {
     "diffill": "diffill",

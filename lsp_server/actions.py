@@ -5,7 +5,7 @@
   An instruction is placed just before the selection as a comment line of the language, which is how a code model
   reads intent (chat templates are not used yet).
 - **Refine selection** (`diffill.refine`): the selection's own tokens are kept where the model is confident in them
-  and the rest re-noised and decided again (`InfillEngine.refine`).
+  and the rest re-noised and decided again (`Engine.refine`).
 - **Fill here** (`diffill.fill`): on a placeholder body inside a function (`...`, `pass`, a `TODO` comment,
   `todo!()`), the placeholder is replaced by a multi-line fill.
 - **Quick fixes** (`quickfix`) for the syntax diagnostics: the region around the error (its line) is refined with
@@ -20,7 +20,6 @@ document version it was computed for, and is never returned when the document ch
 from __future__ import annotations
 
 import logging
-import re
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,13 +30,14 @@ from lsprotocol import types
 from pygls.exceptions import JsonRpcInvalidParams
 
 from infill_engine import syntax
-from lsp_server import conversion, postprocess, status
-from lsp_server.context import WINDOW_CHARS, Snapshot, cursor_at
+from lsp_server import conversion, status
+from lsp_server.context import Snapshot
+from lsp_server.model_jobs import Span, fill_here_job, quick_fix_job, refine_job, rewrite_job
+from lsp_server.placeholders import placeholder_at
 from lsp_server.scheduler import CANCELLED, CHANGED, EDIT
-from lsp_server.settings import Settings
 
 if TYPE_CHECKING:
-    from infill_engine.engine import InfillEngine
+    from infill_engine.interface import Engine
     from lsp_server.scheduler import Ticket
     from lsp_server.server import DiffillServer
 
@@ -49,18 +49,6 @@ TITLES = {
     REWRITE: "Rewrite selection (diffill)", REFINE: "Refine selection (diffill)", FILL_HERE: "Fill here (diffill)",
 }
 QUICK_FIXES_PER_REQUEST = 3
-GROW = 4  # positions a refined region may grow by
-QUICK_FIX_MIN_PROB = 0.05  # a quick fix is offered only when the model gave every token it wrote at least this
-
-_PLACEHOLDER = re.compile(r"^(?P<indent>[ \t]*)(?P<body>\.\.\.|pass|todo!\(\)|(?:#|//|--)[ \t]*TODO\b.*?)[ \t]*$")
-_FUNCTION_HEADER = re.compile(
-    r"^\s*(?:async\s+def|def|(?:export\s+)?(?:async\s+)?function|func|(?:pub(?:\(\w+\))?\s+)?(?:async\s+)?fn"
-    r"|local\s+function)\b"  # keyword languages
-    r"|^\s*\).*:\s*$"  # the last line of a multi-line Python signature
-    r"|\)\s*(?:->\s*[^{]*|:\s*[\w<>\[\], ]+|\s+\w+(?:\s*,\s*\w+)*)?\{\s*$"  # C, Java, Go, Rust, TypeScript: ...) {
-    r"|=>\s*\{\s*$"
-)
-_LINE_COMMENT = {"python": "#", "lua": "--"}
 
 
 @dataclass(frozen=True)
@@ -101,144 +89,6 @@ class EditRequest:
         if instruction is not None and not isinstance(instruction, str):
             raise JsonRpcInvalidParams(f"{COMMANDS[kind]}: the instruction must be text")
         return cls(kind, arguments[0], range_, None, instruction or None)
-
-
-@dataclass(frozen=True)
-class Span:
-    """The document around an edited range: the text before, the range's own text, and the text after.
-
-    For a large document `before` and `after` are windows of whole lines, as for completion.
-    """
-
-    before: str
-    original: str
-    after: str
-
-    @classmethod
-    def of(cls, text: str, start: int, end: int) -> Span:
-        window_start = cursor_at(text, start).window_start
-        window_end = min(len(text), end + WINDOW_CHARS)
-        if window_end < len(text):
-            window_end = text.rfind("\n", end, window_end) + 1 or window_end
-        return cls(text[window_start:start], text[start:end], text[end:window_end])
-
-    def first_passing(self, texts: Sequence[str], language: str | None) -> str | None:
-        """The first text that is not blank, differs from the original and adds no syntax problem in its place."""
-        document = self.before + self.original + self.after
-        start, end = len(self.before), len(self.before) + len(self.original)
-        for text in texts:
-            if text.strip() and text != self.original and syntax.check_fill(document, start, end, text, language).ok:
-                return text
-        return None
-
-
-# ------------------------------------------------------------------------------------------- the model jobs
-
-
-def rewrite_job(engine: InfillEngine, span: Span, language: str | None, settings: Settings,
-                instruction: str | None, ticket: Ticket) -> tuple[str | None, dict[str, Any]]:
-    """On the model thread: a fresh fill in place of the selection."""
-    from infill_engine.request import InfillRequest
-
-    tokens = len(engine.denoiser.tokenizer(span.original, add_special_tokens=False)["input_ids"])
-    max_tokens = max(8, min(settings.rewrite.max_tokens, tokens * 3 // 2 + 8))
-    request = InfillRequest(_with_instruction(span.before, instruction, language), span.after, language=language,
-                            max_tokens=max_tokens, candidates=settings.rewrite.candidates)
-    result = engine.fill(request, on_step=ticket.on_step)
-    texts = [_shaped_like(c.text, span.original) for c in result.candidates + result.rejected]
-    return span.first_passing(texts, language), result.stats.as_dict()
-
-
-def refine_job(engine: InfillEngine, span: Span, language: str | None, settings: Settings,
-               ticket: Ticket) -> tuple[str | None, dict[str, Any]]:
-    """On the model thread: the selection re-denoised from its own tokens, the confident ones kept."""
-    from infill_engine.request import InfillRequest
-
-    request = InfillRequest(span.before, span.after, language=language, candidates=settings.rewrite.candidates)
-    result = engine.refine(request, span.original, keep_above=settings.rewrite.keep_above, grow=GROW,
-                           on_step=ticket.on_step)
-    return span.first_passing([c.text for c in result.candidates], language), result.stats.as_dict()
-
-
-def fill_here_job(engine: InfillEngine, span: Span, language: str | None, settings: Settings,
-                  ticket: Ticket) -> tuple[str | None, dict[str, Any]]:
-    """On the model thread: a multi-line fill in place of a placeholder, tidied like ghost text."""
-    from infill_engine.request import InfillRequest
-
-    request = InfillRequest(span.before, span.after, language=language, max_tokens=settings.rewrite.max_tokens,
-                            candidates=settings.rewrite.candidates)
-    result = engine.fill(request, on_step=ticket.on_step)
-    around = cursor_at(span.before + span.after, len(span.before)).around
-    texts = [v for c in result.candidates + result.rejected for v in postprocess.variants(c.text, around)]
-    return span.first_passing(texts, language), result.stats.as_dict()
-
-
-def quick_fix_job(engine: InfillEngine, span: Span, problem: syntax.SyntaxProblem, language: str | None,
-                  settings: Settings, ticket: Ticket) -> tuple[str | None, dict[str, Any]]:
-    """On the model thread: the problem's line refined around it; the fix, when the line is left without problems,
-    the document has fewer, and none is new.
-
-    `problem` is in offsets of `span.original`.
-    """
-    from infill_engine.request import InfillRequest
-
-    request = InfillRequest(span.before, span.after, language=language, candidates=settings.rewrite.candidates)
-    result = engine.refine(request, span.original, renoise=[(problem.start, problem.end)], keep_above=None,
-                           grow=GROW, on_step=ticket.on_step)
-    before = syntax.find_problems(span.before + span.original + span.after, language)
-    start = len(span.before)
-    for candidate in result.candidates:
-        if candidate.lowest < QUICK_FIX_MIN_PROB:  # a token the model did not believe in: no fix to offer
-            continue
-        fixed = span.first_passing([candidate.text], language)
-        if fixed is None:
-            continue
-        after = syntax.find_problems(span.before + fixed + span.after, language)
-        in_region = any(p.start <= start + len(fixed) and p.end >= start for p in after)
-        if len(after) < len(before) and not in_region:
-            return fixed, result.stats.as_dict()
-    return None, result.stats.as_dict()
-
-
-def _with_instruction(before: str, instruction: str | None, language: str | None) -> str:
-    """The text before a selection with the instruction as a comment line just above the selection's line."""
-    marker = _LINE_COMMENT.get(language or "", "//" if language else None)
-    if not instruction or marker is None:
-        return before
-    line_start = before.rfind("\n") + 1
-    indent = re.match(r"[ \t]*", before[line_start:]).group()  # type: ignore[union-attr]
-    comment = " ".join(instruction.split())
-    return f"{before[:line_start]}{indent}{marker} {comment}\n{before[line_start:]}"
-
-
-def _shaped_like(text: str, original: str) -> str:
-    """A rewrite ends with a line break exactly when the selection did."""
-    text = text.rstrip()
-    return text + "\n" if original.endswith("\n") else text
-
-
-def placeholder_at(text: str, line: int) -> tuple[int, int] | None:
-    """Offsets of a placeholder body on `line` when the line is inside a function, else None.
-
-    The block's header is the nearest line above with less indentation (a lone `{` defers to the line above it).
-    """
-    index = conversion.line_index(text)
-    if not 0 <= line < index.line_count:
-        return None
-    start = index.starts[line]
-    match = _PLACEHOLDER.match(text[start : index.line_end(line)])
-    if match is None or not match.group("indent"):
-        return None
-    indent = len(match.group("indent"))
-    lines = [text[index.starts[n] : index.line_end(n)] for n in range(max(0, line - 200), line)]
-    headers = [content for content in lines if content.strip() and len(content) - len(content.lstrip(" \t")) < indent]
-    if headers and headers[-1].strip() == "{" and len(headers) > 1:
-        headers.pop()
-        if headers[-1].rstrip().endswith(")"):
-            return start + indent, start + match.end("body")
-    if headers and _FUNCTION_HEADER.search(headers[-1]):
-        return start + indent, start + match.end("body")
-    return None
 
 
 def _wanted(kind: str, only: Sequence[str] | None) -> bool:
@@ -425,7 +275,7 @@ class Editor:
 def _expected_failures(job: Any) -> Any:
     """The job, with a request the model cannot take (too long for it, nothing to refine) turned into no edit."""
 
-    def guarded(engine: InfillEngine) -> tuple[str | None, dict[str, Any]]:
+    def guarded(engine: Engine) -> tuple[str | None, dict[str, Any]]:
         try:
             return job(engine)
         except ValueError as error:

@@ -1,41 +1,39 @@
-"""`diffill serve`: its options, and a start-up path that imports neither torch nor transformers.
+"""`diffill serve`: the language server's options, and a start that imports neither torch nor transformers.
 
-`infill_engine.cli.build_parser` imports the engine (and with it torch) to list model families and sampler rules.
-The language server must answer `initialize` before any of that is loaded, so `diffill serve` is recognised first
-and parsed by the small parser here; both parsers take the serve options from `add_serve_arguments`.
+The server must answer `initialize` before any model is loaded: building the `diffill` command table imports no
+torch, and the model loads on the model thread after `initialized`.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-from collections.abc import Sequence
+
+from infill_engine.commands import UsageError
+from infill_engine.interface import add_model_options, model_spec_from_args
+
+HELP = "run the language server for editors (stdio or --tcp)"
 
 
-
-def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
+def add_arguments(serve: argparse.ArgumentParser) -> None:
     """The options of `diffill serve`."""
     serve.add_argument("--stdio", action="store_true",
                        help="talk over standard input/output (the default; accepted because clients pass it)")
     serve.add_argument("--tcp", metavar="[HOST:]PORT",
                        help="listen on a TCP port instead of standard input/output (host: 127.0.0.1 unless named)")
-    serve.add_argument("--model", metavar="PATH",
-                       help="model directory used when the editor's settings name none (default: the embedded model)")
-    serve.add_argument("--engine-factory", metavar="MODULE:FUNCTION",
-                       help="build the engine by calling FUNCTION(settings) from MODULE, not from a checkpoint")
+    add_model_options(serve, factory=True,
+                      threads="CPU threads for torch (default 0: half the cores); the `model.threads` setting wins")
 
 
-def run_serve(argv: Sequence[str]) -> int:
-    """Parse `[-v] serve [options]` and run the language server."""
-    from infill_engine.cli import parse_own_command
+def run(args: argparse.Namespace) -> int:
+    """Run the language server until the client exits."""
+    from infill_engine.service.address import parse_tcp
+    from lsp_server.server import serve
 
-    parser, args = parse_own_command(list(argv), "serve", "The diffill language server.", add_serve_arguments)
     logging.getLogger("pygls").setLevel(logging.WARNING)  # pygls logs every message at INFO
-    from lsp_server.server import parse_tcp, serve
-
-    if args.tcp is not None:
-        try:
-            parse_tcp(args.tcp)
-        except ValueError as error:
-            parser.error(str(error))
-    return serve(tcp=args.tcp, model=args.model, engine_factory=args.engine_factory)
+    try:
+        tcp = parse_tcp(args.tcp, allow_non_loopback=True) if args.tcp is not None else None
+        spec = model_spec_from_args(args)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    return serve(tcp=tcp, model=spec)

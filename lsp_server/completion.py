@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from lsprotocol import types
 
 from infill_engine import syntax
+from infill_engine.request import InfillRequest
 from lsp_server import conversion, postprocess, status
 from lsp_server.cache import CacheKey
 from lsp_server.context import Cursor, Snapshot, as_comments, cursor_at, similar_chunks
@@ -33,7 +34,7 @@ from lsp_server.scheduler import CANCELLED, CHANGED, FILL, Ticket
 from lsp_server.settings import Settings
 
 if TYPE_CHECKING:
-    from infill_engine.engine import InfillEngine
+    from infill_engine.interface import Engine
     from lsp_server.server import DiffillServer
 
 logger = logging.getLogger(__name__)
@@ -84,7 +85,7 @@ def gated_variants(fills: list[str], cursor: Cursor, language: str | None) -> li
 
 
 def fill_job(
-    engine: InfillEngine,
+    engine: Engine,
     cursor: Cursor,
     language: str | None,
     settings: Settings,
@@ -92,8 +93,6 @@ def fill_job(
     ticket: Ticket,
 ) -> FillOutcome:
     """On the model thread: fill at the cursor and keep the tidied fills that pass the gate."""
-    from infill_engine.request import InfillRequest
-
     around = cursor.around
     max_tokens = settings.completion.max_tokens if around.multiline else settings.completion.line_tokens
     extra = ""
@@ -105,7 +104,7 @@ def fill_job(
         candidates=settings.completion.candidates, single_line=not around.multiline,
     )
     try:
-        result = engine.fill(request, on_step=ticket.on_step)
+        result = engine.fill(request, on_step=ticket.on_step, document=ticket.key)
     except ValueError as error:  # a request this model cannot take (max_tokens too large for it)
         logger.warning("no fill: %s", error)
         return FillOutcome([])

@@ -22,7 +22,8 @@ from lsp_server.postprocess import Surroundings
 
 WINDOW_CHARS = 64 * 1024  # each side of the cursor; far more than any token budget covers
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{2,}")
-_LINE_COMMENT = {
+# The line-comment marker of each language (JSON has none): for other documents' chunks and rewrite instructions.
+LINE_COMMENTS = {
     "python": "#", "lua": "--", "javascript": "//", "typescript": "//", "tsx": "//", "go": "//", "rust": "//",
     "c": "//", "cpp": "//", "java": "//",
 }
@@ -124,9 +125,14 @@ def similar_chunks(
     return chunks[:limit]
 
 
+def line_comment(language: str | None) -> str | None:
+    """The line-comment marker of a canonical language; None for plain text and languages without comments."""
+    return LINE_COMMENTS.get(language or "")
+
+
 def as_comments(chunks: list[Chunk], language: str | None, newline: str = "\n") -> str:
     """Chunks as line comments of the language, the most similar nearest the code; empty without a comment syntax."""
-    marker = _LINE_COMMENT.get(language or "")
+    marker = line_comment(language)
     if marker is None or not chunks:
         return ""
     lines: list[str] = []

@@ -37,6 +37,11 @@ class Ticket:
     steps: int = 0  # denoising steps run so far
 
     @property
+    def key(self) -> str:
+        """The document and lane: a shared engine lets a newer request with the same key supersede this one."""
+        return f"{self.uri}#{self.lane}"
+
+    @property
     def cancelled(self) -> bool:
         """Whether the work is no longer wanted."""
         return self.reason is not None

@@ -16,7 +16,6 @@ State lives on `DiffillServer`; handlers take it as their first parameter.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 import os
 import sys
@@ -31,6 +30,8 @@ from pygls.exceptions import JsonRpcException
 from pygls.lsp.server import LanguageServer
 from pygls.protocol import LanguageServerProtocol
 
+from infill_engine.interface import ModelSpec
+from infill_engine.service.address import is_loopback
 from lsp_server import status
 from lsp_server.actions import COMMANDS, FILL_HERE, REFINE, REWRITE, Editor
 from lsp_server.cache import SuggestionCache
@@ -304,24 +305,19 @@ def shutdown(ls: DiffillServer, params: Any) -> None:
 # ---------------------------------------------------------------------------------------------- start-up
 
 
-def parse_tcp(value: str) -> tuple[str, int]:
-    """`PORT`, `HOST:PORT` or `[IPv6]:PORT`; the host is loopback unless named."""
-    host, _, port = value.rpartition(":")
-    host = host.strip("[]") or "127.0.0.1"
-    if not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"--tcp wants PORT or HOST:PORT with a port from 1 to 65535 (got {value!r})")
-    return host, int(port)
-
-
-def serve(tcp: str | None = None, model: str | None = None, engine_factory: str | None = None) -> int:
-    """Run the server until the client exits: over stdio, or on a TCP port."""
-    SERVER.base_settings = replace(Settings(), model=ModelSettings(path=model))
+def serve(tcp: tuple[str, int] | None = None, model: ModelSpec | None = None) -> int:
+    """Run the server until the client exits: over stdio, or on a TCP (host, port)."""
+    spec = model or ModelSpec()
+    SERVER.base_settings = replace(Settings(), model=ModelSettings(
+        path=spec.path, family=spec.family, device=spec.device, dtype=spec.dtype,
+        trust_remote_code=spec.trust_remote_code, threads=spec.threads,
+    ))
     SERVER.settings = SERVER.base_settings
-    SERVER.host.engine_factory = engine_factory
+    SERVER.host.engine_factory = spec.factory
     status.forward_logs(SERVER)
     if tcp is not None:
-        host, port = parse_tcp(tcp)
-        if not _is_loopback(host):
+        host, port = tcp
+        if not is_loopback(host):
             logger.warning("listening on %s: anyone who can reach this address can use the model", host)
         SERVER.start_tcp(host, port)
         return 0
@@ -331,10 +327,3 @@ def serve(tcp: str | None = None, model: str | None = None, engine_factory: str 
     sys.stdout = sys.stderr
     SERVER.start_io(sys.stdin.buffer, protocol_out)
     return 0
-
-
-def _is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"

@@ -14,12 +14,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import MISSING, Field, dataclass, field, fields, is_dataclass, replace
 from typing import Any
 
+from infill_engine.interface import DEFAULT_KEEP_ABOVE, DTYPES, ENGINE_MODES, FAMILIES, EngineOptions, ModelSpec
+from infill_engine.request import MAX_CANDIDATES, MAX_SPAN_TOKENS
+
 DEVICES = ("auto", "cpu", "cuda", "mps")  # or "cuda:N"
-DTYPES = ("auto", "float32", "bfloat16", "float16")
-FAMILIES = ("diffill", "diffusion_gemma", "llada", "dream", "mlm")  # infill_engine.loading.FAMILIES, without torch
-ENGINE_MODES = ("inprocess", "shared", "auto")
-MAX_SPAN_TOKENS = 4096  # infill_engine.engine.MAX_SPAN_TOKENS
-MAX_CANDIDATES = 16  # infill_engine.engine.MAX_CANDIDATES
 
 
 Check = Callable[[Any], Any]  # returns the (normalised) value or raises ValueError saying what is allowed
@@ -99,6 +97,14 @@ class ModelSettings:
     trust_remote_code: bool = _setting(False, _boolean)  # run a checkpoint's own modelling code (never by default)
     threads: int = _setting(0, _integer(0, 256))  # CPU threads for torch; 0: half the cores, at least one
 
+    def spec(self, factory: str | None = None) -> ModelSpec:
+        """The engine's ModelSpec of these settings (`factory`: `diffill serve --engine-factory`)."""
+        from infill_engine.interface import half_the_cores
+
+        return ModelSpec(path=self.path, family=self.family, device=self.device, dtype=self.dtype,
+                         trust_remote_code=self.trust_remote_code, factory=factory,
+                         threads=self.threads or half_the_cores())
+
 
 @dataclass(frozen=True, kw_only=True)
 class SamplingSettings:
@@ -126,7 +132,7 @@ class RewriteSettings:
 
     max_tokens: int = _setting(256, _integer(1, MAX_SPAN_TOKENS))  # span positions for a rewrite or a body fill
     candidates: int = _setting(2, _integer(1, MAX_CANDIDATES))  # canvases per rewrite; the best passing one is used
-    keep_above: float = _setting(0.9, _number(0.0, 1.0))  # refine: tokens the model gives at least this are kept
+    keep_above: float = _setting(DEFAULT_KEEP_ABOVE, _number(0.0, 1.0))  # refine: tokens the model gives at least this are kept
     quick_fixes: bool = _setting(True, _boolean)  # offer model-made fixes for syntax diagnostics
 
 
@@ -172,6 +178,11 @@ class Settings:
     def enabled_for(self, language_id: str | None) -> bool:
         """Whether the server acts on documents of this LSP languageId."""
         return not self.languages or (language_id or "").lower() in self.languages
+
+    def engine_options(self) -> EngineOptions:
+        """The sampling and context settings the engine is configured with."""
+        return EngineOptions(steps=self.sampling.steps, seed=self.sampling.seed,
+                             prefix_tokens=self.context.prefix_tokens, suffix_tokens=self.context.suffix_tokens)
 
 
 def _snake(key: str) -> str:

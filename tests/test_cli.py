@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from infill_engine.cli import main
+from diffill.cli import main
 
 PYTHON_FILE = "def add(a, b):\n    return a + b\n\n\nresult = add(1, \n"
 
@@ -143,7 +143,7 @@ def test_invalid_sampler_option_is_a_clear_error(capsys, source, model_dirs):
 
 def test_console_script_reads_standard_input(model_dirs):
     completed = subprocess.run(
-        [sys.executable, "-m", "infill_engine.cli", "fill", "-", "--hole", "@@", "--model",
+        [sys.executable, "-m", "diffill", "fill", "-", "--hole", "@@", "--model",
          str(model_dirs["diffill"]), "--json", "--max-tokens", "4", "--no-gate"],
         input="x = @@\n", capture_output=True, text=True, timeout=300,
         env={**os.environ, "PYTHONPATH": os.getcwd()},

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from infill_engine.interface import ModelSpec
 from infill_engine.engine import InfillEngine, InfillRequest
 from infill_engine.sampler import SamplerConfig
 from tests.scripted import ScriptedDenoiser
@@ -88,7 +89,7 @@ def test_bad_requests_say_what_is_allowed(tokenizer, request_args, message):
 
 
 def test_real_tiny_model_fills_a_five_megabyte_document(model_dirs):
-    engine = InfillEngine.load(model_dirs["diffill"])
+    engine = InfillEngine.load(ModelSpec(path=str(model_dirs["diffill"])))
     body = "def f(x):\n    return x + 1\n\n" * 190_000  # about 5 MB
     result = engine.fill(InfillRequest(body + "y = ", "\n" + body, language="python", max_tokens=8, gate=True))
     assert result.stats.forward_passes >= 1

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from infill_engine.cli import main
+from diffill.cli import main
 from infill_engine.evaluation import Problem, load_problems, run_test
 
 PROBLEMS = [

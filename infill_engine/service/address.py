@@ -59,8 +59,8 @@ def parse_tcp(value: str, allow_non_loopback: bool = False) -> tuple[str, int]:
     """(host, port) from `[HOST:]PORT`; ValueError for a bad port, or a non-loopback host not explicitly allowed."""
     host, _, port_text = value.rpartition(":")
     host = host.strip("[]") or "127.0.0.1"
-    if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
-        raise ValueError(f"--tcp needs [HOST:]PORT with a port from 0 to 65535 (got {value!r})")
+    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise ValueError(f"--tcp needs PORT or HOST:PORT with a port from 1 to 65535 (got {value!r})")
     if not allow_non_loopback and not is_loopback(host):
         raise ValueError(
             f"refusing to listen on {host}, which is not a loopback address; name it with --allow-non-loopback "

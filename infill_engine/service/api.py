@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from infill_engine.interface import DEFAULT_GROW, DEFAULT_KEEP_ABOVE, EngineOptions
 from infill_engine.request import FillCancelled, InfillRequest, InfillResult
 from infill_engine.service import wire
 from infill_engine.service.framing import DEFAULT_MAX_FRAME, FramedStream
@@ -53,33 +54,6 @@ class RemoteStep:
     step: int
 
 
-@dataclass(frozen=True)
-class RemoteDevice:
-    """Stands in for `torch.device` where callers ask `engine.denoiser.device.type`."""
-
-    type: str = "remote"
-
-
-class RemoteTokenizer:
-    """The engine's tokenizer, for counting tokens: `tokenizer(text, add_special_tokens=False)["input_ids"]`."""
-
-    def __init__(self, client: EngineClient) -> None:
-        self._client = client
-
-    def __call__(self, text: str, add_special_tokens: bool = False, **_: Any) -> dict[str, list[int]]:
-        return {"input_ids": self._client.tokenize(text, add_special_tokens=add_special_tokens)}
-
-
-class RemoteModel:
-    """Stands in for `engine.denoiser` where callers read the model's family, path, device or tokenizer."""
-
-    def __init__(self, client: EngineClient, model: dict[str, Any]) -> None:
-        self.family = str(model.get("family", "?"))
-        self.path = str(model.get("path", "?"))
-        self.device = RemoteDevice()
-        self.tokenizer = RemoteTokenizer(client)
-
-
 class EngineClient:
     """A connection to a shared engine, with the in-process engine's `fill` and `refine`."""
 
@@ -89,8 +63,7 @@ class EngineClient:
         self.timeout = timeout
         self.hello = hello  # the engine's handshake answer: protocol, model, pid
         self.model: dict[str, Any] = dict(hello.get("model") or {})
-        self.denoiser = RemoteModel(self, self.model)
-        self.config: dict[str, Any] = {}  # per-client sampler and context overrides sent with every request
+        self.options = EngineOptions()  # this client's sampler and context settings, sent with every request
 
     @classmethod
     def connect(
@@ -125,16 +98,15 @@ class EngineClient:
         return cls(session, hello, address, fill_timeout)
 
     # ------------------------------------------------------------------------------------------ the engine's API
-    def configure(self, **overrides: Any) -> None:
-        """Sampler (`steps`, `seed`) and context (`prefix_tokens`, `suffix_tokens`) settings of this client; None
-        keeps the engine's own."""
-        self.config = {key: value for key, value in overrides.items() if value is not None}
+    def configure(self, options: EngineOptions) -> None:
+        """This client's sampler and context settings; unset ones keep the engine's own."""
+        self.options = options
 
     def fill(
         self, request: InfillRequest, on_step: Callable[[Any], Any] | None = None, *, document: str | None = None
     ) -> InfillResult:
         """Fill the hole, like `InfillEngine.fill`; `document` names the document so that a newer request of the
-        same document supersedes this one at the engine (by default taken from a ticket's `uri` and `lane`)."""
+        same document supersedes this one at the engine."""
         params = {"request": wire.request_to_wire(request)}
         return wire.result_from_wire(self._call("fill", params, on_step, document))
 
@@ -143,8 +115,8 @@ class EngineClient:
         request: InfillRequest,
         original: str,
         renoise: list[tuple[int, int]] | None = None,
-        keep_above: float | None = 0.9,
-        grow: int = 4,
+        keep_above: float | None = DEFAULT_KEEP_ABOVE,
+        grow: int = DEFAULT_GROW,
         on_step: Callable[[Any], Any] | None = None,
         *,
         document: str | None = None,
@@ -187,10 +159,8 @@ class EngineClient:
     # ------------------------------------------------------------------------------------------------ plumbing
     def _call(self, method: str, params: dict[str, Any], on_step: Callable[[Any], Any] | None,
               document: str | None) -> Any:
-        ticket = getattr(on_step, "__self__", None)
-        if document is None and ticket is not None and hasattr(ticket, "uri"):
-            document = f"{ticket.uri}#{getattr(ticket, 'lane', '')}"
-        params = {**params, "document": document, "config": self.config}
+        ticket = getattr(on_step, "__self__", None)  # a bound method of a ticket: also stop once it is cancelled
+        params = {**params, "document": document, "config": self.options.as_dict()}
         steps: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
         call = self.session.request(method, params, on_progress=steps.put if on_step else None)
         deadline = time.monotonic() + self.timeout

@@ -11,27 +11,24 @@ import logging
 import os
 import secrets
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 
+from infill_engine.commands import UsageError
+from infill_engine.interface import ModelSpec, add_model_options, half_the_cores, model_spec_from_args
 from infill_engine.service.address import parse_tcp, runtime_dir, socket_path
 from infill_engine.service.api import EngineClient, EngineError
-from infill_engine.service.launcher import IDLE_TIMEOUT, EngineSpec
+from infill_engine.service.launcher import IDLE_TIMEOUT
 
 logger = logging.getLogger(__name__)
 TOKEN_ENV = "DIFFILL_ENGINE_TOKEN"
+HELP = "the shared engine: serve one model to many language servers"
 
 
-def add_engine_arguments(engine: argparse.ArgumentParser) -> None:
+def add_arguments(engine: argparse.ArgumentParser) -> None:
     """The options of `diffill engine`."""
     engine.add_argument("action", nargs="?", choices=("serve", "status", "stop"), default="serve",
                         help="serve (default): load the model and listen; status; stop a running engine")
-    engine.add_argument("--model", metavar="PATH", help="model directory (default: the embedded model)")
-    engine.add_argument("--family", help="override the family read from config.json")
-    engine.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (default: auto)")
-    engine.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16 (default: auto)")
-    engine.add_argument("--trust-remote-code", action="store_true", help="allow a checkpoint's own modelling code")
-    engine.add_argument("--engine-factory", metavar="MODULE:FUNCTION", help="build the engine with FUNCTION(None)")
+    add_model_options(engine, factory=True, threads="CPU threads for torch (default 0: half the cores)")
     engine.add_argument("--socket", metavar="PATH",
                         help="Unix socket (default: engine-<model hash>.sock in $XDG_RUNTIME_DIR/diffill or "
                              "/tmp/diffill-$UID)")
@@ -45,20 +42,15 @@ def add_engine_arguments(engine: argparse.ArgumentParser) -> None:
     engine.add_argument("--max-tokens", type=int, default=1024, help="span positions per request at most")
     engine.add_argument("--max-queued", type=int, default=8, help="queued requests per client at most")
     engine.add_argument("--max-frame-bytes", type=int, default=8 * 1024 * 1024, help="bytes per msgpack frame")
-    engine.add_argument("--threads", type=int, default=0, help="CPU threads for torch (0: half the cores)")
 
 
-def run_engine(argv: Sequence[str]) -> int:
-    """Parse `[-v] engine [action] [options]` and run it."""
-    from infill_engine.cli import parse_own_command
-
-    parser, args = parse_own_command(list(argv), "engine", "The shared diffill engine.", add_engine_arguments)
-    spec = EngineSpec(path=args.model, family=args.family, device=args.device, dtype=args.dtype,
-                      trust_remote_code=args.trust_remote_code, factory=args.engine_factory)
+def run(args: argparse.Namespace) -> int:
+    """Serve the model, or ask a running engine for its status or to stop."""
     try:
+        spec = model_spec_from_args(args, threads=args.threads or half_the_cores())
         tcp = parse_tcp(args.tcp, args.allow_non_loopback) if args.tcp else None
     except ValueError as failure:
-        parser.error(str(failure))
+        raise UsageError(str(failure)) from None
     socket = Path(args.socket) if args.socket else socket_path(spec.key)
     if args.action == "serve":
         return _serve(args, spec, socket, tcp)
@@ -94,7 +86,8 @@ def _token(args: argparse.Namespace, tcp: tuple[str, int], create: bool) -> str 
     return path.read_text().strip() if path.exists() else None
 
 
-def _serve(args: argparse.Namespace, spec: EngineSpec, socket: Path, tcp: tuple[str, int] | None) -> int:
+def _serve(args: argparse.Namespace, spec: ModelSpec, socket: Path, tcp: tuple[str, int] | None) -> int:
+    from infill_engine.interface import load_engine
     from infill_engine.service.server import EngineService, ServiceLimits, listen_tcp, listen_unix, serve
 
     try:
@@ -108,15 +101,14 @@ def _serve(args: argparse.Namespace, spec: EngineSpec, socket: Path, tcp: tuple[
         token = _token(args, tcp, create=True)
         listeners.append(listen_tcp(*tcp))
     try:
-        engine = _load(args, spec)
+        engine = load_engine(spec)
     except Exception as failure:  # noqa: BLE001 - reported to whoever started us, through the log
         logger.exception("the model could not be loaded")
         print(f"diffill engine: the model could not be loaded: {failure}", file=sys.stderr)
         socket.unlink(missing_ok=True)
         return 1
-    denoiser = engine.denoiser
-    model = {"key": spec.key, "path": str(getattr(denoiser, "path", spec.path)),
-             "family": str(getattr(denoiser, "family", spec.family)), "device": str(getattr(denoiser, "device", "?"))}
+    info = engine.describe()
+    model = {"key": spec.key, "path": info.path, "family": info.family, "device": info.device}
     limits = ServiceLimits(max_frame_bytes=args.max_frame_bytes, max_tokens=args.max_tokens,
                            max_queued=args.max_queued)
     service = EngineService(engine, model, limits, idle_timeout=args.idle_timeout, token=token)
@@ -128,21 +120,3 @@ def _serve(args: argparse.Namespace, spec: EngineSpec, socket: Path, tcp: tuple[
         socket.unlink(missing_ok=True)
         lock.close()
     return 0
-
-
-def _load(args: argparse.Namespace, spec: EngineSpec):  # noqa: ANN202 - InfillEngine, imported here with torch
-    import importlib
-
-    import torch
-
-    from infill_engine.engine import InfillEngine
-
-    if spec.factory:
-        module, _, name = spec.factory.partition(":")
-        engine = getattr(importlib.import_module(module), name)(None)
-    else:
-        engine = InfillEngine.load(spec.path, family=spec.family, device=spec.device, dtype=spec.dtype,
-                                   trust_remote_code=spec.trust_remote_code)
-    if getattr(engine.denoiser.device, "type", "cpu") == "cpu":
-        torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 2) // 2))
-    return engine

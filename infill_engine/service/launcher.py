@@ -15,13 +15,13 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from infill_engine.interface import DEFAULT_GROW, DEFAULT_KEEP_ABOVE, EngineOptions, ModelInfo, ModelSpec, StepCallback
 from infill_engine.request import InfillRequest, InfillResult
-from infill_engine.service.address import model_key, runtime_dir, socket_path
-from infill_engine.service.api import EngineClient, EngineError, EngineUnavailable, RemoteModel
+from infill_engine.service.address import socket_path
+from infill_engine.service.api import EngineClient, EngineError, EngineUnavailable
 
 logger = logging.getLogger(__name__)
 
@@ -30,51 +30,30 @@ START_TIMEOUT = 120.0  # seconds a new engine may take to load its model and lis
 IDLE_TIMEOUT = 600.0  # seconds an engine started here stays up with no client
 
 
-@dataclass(frozen=True)
-class EngineSpec:
-    """Which model an engine serves; equal specs share an engine."""
-
-    path: str | None = None  # checkpoint directory; None: the embedded model
-    family: str | None = None
-    device: str = "auto"
-    dtype: str = "auto"
-    trust_remote_code: bool = False
-    factory: str | None = None  # "module:function" building the engine (tests), instead of a checkpoint
-
-    def identity(self) -> dict[str, Any]:
-        """What makes two engines interchangeable."""
-        identity = asdict(self)
-        if self.path is not None:
-            identity["path"] = str(Path(self.path).expanduser().resolve())
-        return identity
-
-    @property
-    def key(self) -> str:
-        """Short hash of the identity; names the socket."""
-        return model_key(self.identity())
-
-    def serve_command(self, socket: Path, idle_timeout: float) -> list[str]:
-        """`diffill engine serve` for this model."""
-        command = [sys.executable, "-m", "infill_engine.cli", "engine", "serve", "--socket", str(socket),
-                   "--idle-timeout", f"{idle_timeout:g}", "--device", self.device, "--dtype", self.dtype]
-        if self.path is not None:
-            command += ["--model", self.identity()["path"]]
-        if self.family is not None:
-            command += ["--family", self.family]
-        if self.trust_remote_code:
-            command += ["--trust-remote-code"]
-        if self.factory is not None:
-            command += ["--engine-factory", self.factory]
-        return command
+def serve_command(spec: ModelSpec, socket: Path, idle_timeout: float) -> list[str]:
+    """`diffill engine serve` for the model of `spec`."""
+    command = [sys.executable, "-m", "diffill", "engine", "serve", "--socket", str(socket),
+               "--idle-timeout", f"{idle_timeout:g}", "--device", spec.device, "--dtype", spec.dtype]
+    if spec.path is not None:
+        command += ["--model", str(spec.resolved_path)]
+    if spec.family is not None:
+        command += ["--family", spec.family]
+    if spec.trust_remote_code:
+        command += ["--trust-remote-code"]
+    if spec.factory is not None:
+        command += ["--engine-factory", spec.factory]
+    if spec.threads:
+        command += ["--threads", str(spec.threads)]
+    return command
 
 
-def start_engine(spec: EngineSpec, socket: Path, idle_timeout: float) -> subprocess.Popen[bytes]:
+def start_engine(spec: ModelSpec, socket: Path, idle_timeout: float) -> subprocess.Popen[bytes]:
     """Start an engine detached from this process (its standard error goes to a log beside the socket)."""
     log_path = socket.with_suffix(".log")
     with open(log_path, "ab") as log:
         os.chmod(log_path, 0o600)
         process = subprocess.Popen(
-            spec.serve_command(socket, idle_timeout), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            serve_command(spec, socket, idle_timeout), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             stderr=log, start_new_session=True, close_fds=True,
         )
     threading.Thread(target=process.wait, name="engine-reaper", daemon=True).start()  # no zombie when it exits
@@ -83,7 +62,7 @@ def start_engine(spec: EngineSpec, socket: Path, idle_timeout: float) -> subproc
     return process
 
 
-def connect_or_start(spec: EngineSpec, *, start: bool = True, connect_timeout: float = CONNECT_TIMEOUT,
+def connect_or_start(spec: ModelSpec, *, start: bool = True, connect_timeout: float = CONNECT_TIMEOUT,
                      start_timeout: float = START_TIMEOUT, idle_timeout: float = IDLE_TIMEOUT) -> EngineClient:
     """A client of the engine for `spec`, starting one when none answers (and `start`)."""
     socket = socket_path(spec.key)
@@ -109,38 +88,44 @@ def connect_or_start(spec: EngineSpec, *, start: bool = True, connect_timeout: f
 
 
 class SharedEngine:
-    """An `InfillEngine` look-alike backed by the shared engine service; restarts it once per failure."""
+    """An `Engine` backed by the shared engine service; restarts the service once per failure."""
 
-    def __init__(self, spec: EngineSpec, *, connect_timeout: float = CONNECT_TIMEOUT,
+    def __init__(self, spec: ModelSpec, *, connect_timeout: float = CONNECT_TIMEOUT,
                  start_timeout: float = START_TIMEOUT, idle_timeout: float = IDLE_TIMEOUT) -> None:
         self.spec = spec
         self._timeouts = {"connect_timeout": connect_timeout, "start_timeout": start_timeout,
                           "idle_timeout": idle_timeout}
-        self._overrides: dict[str, Any] = {}
+        self._options = EngineOptions()
         self._lock = threading.Lock()
         self.restarts = 0
         self.client = connect_or_start(spec, **self._timeouts)
-        self.denoiser = RemoteModel(self, self.client.model)  # type: ignore[arg-type]
 
-    def configure(self, **overrides: Any) -> None:
-        """Sampler and context settings of this language server, sent with every request."""
-        self._overrides = overrides
-        self.client.configure(**overrides)
+    def describe(self) -> ModelInfo:
+        """The model the engine serves; its device names the engine's address."""
+        model = self.client.model
+        return ModelInfo(family=str(model.get("family", "?")), path=str(model.get("path", "?")),
+                         device=f"{model.get('device', '?')} (shared engine {self.client.address})")
 
-    def fill(self, request: InfillRequest, on_step: Any = None, *, document: str | None = None) -> InfillResult:
-        """`InfillEngine.fill` on the shared engine."""
+    def configure(self, options: EngineOptions) -> None:
+        """Sampler and context settings of this client, sent with every request."""
+        self._options = options
+        self.client.configure(options)
+
+    def fill(self, request: InfillRequest, on_step: StepCallback | None = None, *,
+             document: str | None = None) -> InfillResult:
+        """`Engine.fill` on the shared engine."""
         return self._retrying(lambda c: c.fill(request, on_step, document=document))
 
     def refine(self, request: InfillRequest, original: str, renoise: list[tuple[int, int]] | None = None,
-               keep_above: float | None = 0.9, grow: int = 4, on_step: Any = None, *,
-               document: str | None = None) -> InfillResult:
-        """`InfillEngine.refine` on the shared engine."""
+               keep_above: float | None = DEFAULT_KEEP_ABOVE, grow: int = DEFAULT_GROW,
+               on_step: StepCallback | None = None, *, document: str | None = None) -> InfillResult:
+        """`Engine.refine` on the shared engine."""
         return self._retrying(lambda c: c.refine(request, original, renoise, keep_above, grow, on_step,
                                                  document=document))
 
-    def tokenize(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        """The model's token ids of `text`."""
-        return self._retrying(lambda c: c.tokenize(text, add_special_tokens))
+    def count_tokens(self, text: str) -> int:
+        """How many of the model's tokens `text` is."""
+        return len(self._retrying(lambda c: c.tokenize(text)))
 
     def status(self) -> dict[str, Any]:
         """The engine's status."""
@@ -168,6 +153,6 @@ class SharedEngine:
                     self.client = connect_or_start(self.spec, **self._timeouts)
                 except EngineError as failure:
                     raise EngineUnavailable(f"could not restart the shared engine: {failure}") from None
-                self.client.configure(**self._overrides)
+                self.client.configure(self._options)
                 self.restarts += 1
             return self.client

@@ -10,7 +10,6 @@ for `idle_timeout` seconds the engine exits.
 
 from __future__ import annotations
 
-import copy
 import fcntl
 import hmac
 import itertools
@@ -20,10 +19,11 @@ import signal
 import socket
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from infill_engine.interface import DEFAULT_GROW, DEFAULT_KEEP_ABOVE, MAX_GROW
 from infill_engine.request import FillCancelled
 from infill_engine.service import wire
 from infill_engine.service.api import PROTOCOL_VERSION
@@ -35,7 +35,6 @@ from infill_engine.service.stream import ByteStream
 logger = logging.getLogger(__name__)
 
 QUEUED_METHODS = ("fill", "refine")
-CONFIG_KEYS = {"steps", "seed", "prefix_tokens", "suffix_tokens"}
 
 
 @dataclass(frozen=True)
@@ -71,6 +70,7 @@ class EngineService:
         self.clients: dict[int, Client] = {}
         self.clients_total = 0
         self.served = 0
+        self.steps = 0  # denoising steps run, for all requests
         self.loads = 1
         self.started = time.monotonic()
         self.address = ""
@@ -188,7 +188,7 @@ class EngineService:
             "pid": os.getpid(), "protocol": PROTOCOL_VERSION, "model": self.model, "address": self.address,
             "loads": self.loads, "clients": connected, "clients_total": self.clients_total,
             "queued": self.queue.queued(), "running": running.method if running else None, "served": self.served,
-            "uptime_s": round(time.monotonic() - self.started, 1), "idle_timeout_s": self.idle_timeout,
+            "steps": self.steps, "uptime_s": round(time.monotonic() - self.started, 1), "idle_timeout_s": self.idle_timeout,
         }
 
     # ------------------------------------------------------------------------------------------- the model
@@ -220,6 +220,7 @@ class EngineService:
             return
 
         def on_step(view: Any) -> bool:
+            self.steps += 1
             session.notify("progress", {"id": job.call_id, "block": view.block, "step": view.step})
             return not job.cancelled.is_set()
 
@@ -249,11 +250,11 @@ class EngineService:
             return engine.fill(request, on_step=on_step)
         original = params.get("original")
         renoise = params.get("renoise") or []
-        keep_above, grow = params.get("keep_above", 0.9), params.get("grow", 4)
+        keep_above, grow = params.get("keep_above", DEFAULT_KEEP_ABOVE), params.get("grow", DEFAULT_GROW)
         if not isinstance(original, str):
             raise ValueError("refine needs the original text (a string)")
-        if not isinstance(grow, int) or not 0 <= grow <= 64:
-            raise ValueError("grow must be an integer from 0 to 64")
+        if not isinstance(grow, int) or not 0 <= grow <= MAX_GROW:
+            raise ValueError(f"grow must be an integer from 0 to {MAX_GROW}")
         if keep_above is not None and not isinstance(keep_above, (int, float)):
             raise ValueError("keep_above must be a number or nil")
         if not all(isinstance(r, list) and len(r) == 2 and all(isinstance(x, int) for x in r) for r in renoise):
@@ -266,29 +267,17 @@ class EngineService:
 
     def _configured(self, config: Any) -> Any:
         """The engine with this client's sampler and context settings (a shallow copy; the model is shared)."""
-        if not config:
-            return self.engine
-        if not isinstance(config, dict) or set(config) - CONFIG_KEYS:
-            raise ValueError(f"config may only set {', '.join(sorted(CONFIG_KEYS))}")
-        from infill_engine.canvas import ContextConfig
+        from infill_engine.interface import EngineOptions
 
-        engine = copy.copy(self.engine)
-        sampler = {k: config[k] for k in ("steps", "seed") if k in config}
-        if sampler:
-            engine.sampler = replace(self.engine.sampler, **sampler)
-        context = {k: config[k] for k in ("prefix_tokens", "suffix_tokens") if k in config}
-        if context:
-            if not all(isinstance(v, int) and v >= 0 for v in context.values()):
-                raise ValueError("prefix_tokens and suffix_tokens must be integers >= 0")
-            engine.context = ContextConfig(**{**vars(self.engine.context), **context})
-        return engine
+        options = EngineOptions.from_dict(config)
+        return self.engine.with_options(options) if options.as_dict() else self.engine
 
     def _tokenize(self, params: dict[str, Any]) -> list[int]:
         text = params.get("text")
         if not isinstance(text, str):
             raise ValueError("tokenize needs text (a string)")
         special = bool(params.get("add_special_tokens", False))
-        return list(self.engine.denoiser.tokenizer(text, add_special_tokens=special)["input_ids"])
+        return self.engine.tokenize(text, add_special_tokens=special)
 
     def stop(self, reason: str) -> None:
         """Stop serving (the main loop returns)."""

@@ -6,13 +6,11 @@ import argparse
 import logging
 from pathlib import Path
 
+HELP = "train the embedded model on source files (resumes the run directory's last checkpoint)"
 
 
-def add_train_parser(subparsers: argparse._SubParsersAction) -> None:
-    """Add the `train` subcommand and its options."""
-    train = subparsers.add_parser(
-        "train", help="train the embedded model on source files (resumes the run directory's last checkpoint)"
-    )
+def add_arguments(train: argparse.ArgumentParser) -> None:
+    """The options of `diffill train`."""
     train.add_argument("--run-dir", default="runs/default", type=Path,
                        help="where the corpus, tokenizer, checkpoints and loss log go (default: runs/default)")
     train.add_argument("--source", action="append", default=[], metavar="DIR",
@@ -52,9 +50,9 @@ def add_train_parser(subparsers: argparse._SubParsersAction) -> None:
                        help="stop with a checkpoint after this many minutes (default: none)")
 
 
-def run_train(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     """Run `diffill train`; 0 when it finished or stopped at its limit, 130 when stopped by a signal."""
-    from infill_engine.cli import UsageError
+    from infill_engine.commands import UsageError
     from infill_engine.training.config import TrainConfig
     from infill_engine.training.train import train  # torch loads here, not when the parser is built
 

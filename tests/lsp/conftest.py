@@ -32,7 +32,7 @@ def serve_command(*options: str) -> list[str]:
     script = Path(sys.executable).with_name("diffill")
     if script.exists():
         return [str(script), "serve", *options]
-    return [sys.executable, "-m", "infill_engine.cli", "serve", *options]
+    return [sys.executable, "-m", "diffill", "serve", *options]
 
 
 def plain(value: Any) -> Any:

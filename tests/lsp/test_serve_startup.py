@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
+import sys
 import time
 
 import pytest
@@ -55,18 +56,33 @@ async def test_a_request_before_the_model_is_ready_gets_an_empty_answer_at_once(
 
 @pytest.mark.asyncio
 async def test_without_settings_the_embedded_model_is_used(fresh: LanguageClient):
+    assert default_model_path() is not None  # this build ships one
     await start(fresh, fresh.client_name, None)  # type: ignore[attr-defined]
     info = await wait_until_loaded(fresh)
-    if default_model_path() is None:  # this build ships no checkpoint yet: said clearly, and nothing is suggested
-        assert info["state"] == "none"
-        assert any("model.path" in m.message for m in fresh.messages)
-        uri = "file:///startup/none.py"
-        open_document(fresh, uri, "x = \n")
-        assert await inline(fresh, uri, 0, 4) is None
-        assert field_of(await status_after(fresh, 0), "outcome") == "not_ready"
-    else:
-        assert info["state"] == "ready"
-        assert info["settings"]["model"]["path"] is None
+    assert info["state"] == "ready"
+    assert info["settings"]["model"]["path"] is None
+    assert info["model"].startswith("diffill:")
+
+
+@pytest_lsp.fixture(config=ClientServerConfig([sys.executable, "-m", "tests.lsp.serve_without_model"],
+                                              server_env=SERVER_ENV), params=CLIENTS)
+async def modelless(lsp_client: LanguageClient, request: pytest.FixtureRequest):
+    """A server of a build that ships no embedded model."""
+    lsp_client.client_name = request.param  # type: ignore[attr-defined]
+    yield
+    await lsp_client.shutdown_session()
+
+
+@pytest.mark.asyncio
+async def test_a_build_without_a_model_says_how_to_set_one_and_suggests_nothing(modelless: LanguageClient):
+    await start(modelless, modelless.client_name, None)  # type: ignore[attr-defined]
+    info = await wait_until_loaded(modelless)
+    assert info["state"] == "none"
+    assert any("model.path" in m.message for m in modelless.messages)
+    uri = "file:///startup/none.py"
+    open_document(modelless, uri, "x = \n")
+    assert await inline(modelless, uri, 0, 4) is None
+    assert field_of(await status_after(modelless, 0), "outcome") == "not_ready"
 
 
 @pytest.mark.asyncio

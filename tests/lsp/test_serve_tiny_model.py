@@ -79,18 +79,19 @@ async def test_model_loading_was_reported_as_progress(client: LanguageClient):
     assert isinstance(values[-1], types.WorkDoneProgressEnd) and values[-1].message == "Model ready"
 
 
-async def test_ghost_text_never_adds_a_syntax_problem(client: LanguageClient):
+async def test_ghost_text_answers_match_their_status_and_never_add_a_syntax_problem(client: LanguageClient):
     uri = "file:///tiny/add.py"
     text = "def add(a, b):\n    return \n\nprint(add(1, 2))\n"
     open_document(client, uri, text)
     seen = len(client.statuses)  # type: ignore[attr-defined]
-    result = await inline(client, uri, 1, 11)
-    for item in items_of(result):
+    items = items_of(await inline(client, uri, 1, 11))
+    status = await status_after(client, seen, types.TEXT_DOCUMENT_INLINE_COMPLETION)
+    assert field_of(status, "forward_passes") >= 1  # the model really ran
+    assert field_of(status, "items") == len(items)
+    assert field_of(status, "outcome") == ("ok" if items else "empty")
+    for item in items:
         edited = apply_text_edits(text, [types.TextEdit(range=item.range, new_text=item.insert_text)], encoding(client))
         assert problems(edited) == []
-    status = await status_after(client, seen, types.TEXT_DOCUMENT_INLINE_COMPLETION)
-    assert field_of(status, "outcome") in ("ok", "empty")
-    assert field_of(status, "forward_passes") >= 1
 
 
 async def test_ghost_text_in_plain_text_at_a_line_end_and_mid_line(client: LanguageClient):
@@ -111,33 +112,46 @@ async def test_ghost_text_in_plain_text_at_a_line_end_and_mid_line(client: Langu
 
 
 async def test_completion_items_are_labelled_and_insert_at_the_cursor(client: LanguageClient):
-    uri = "file:///tiny/words.txt"
-    open_document(client, uri, "the quick brown fo\n", language="plaintext")
-    result = await complete(client, uri, 0, 18)
-    assert result is None or isinstance(result, types.CompletionList) and result.is_incomplete
-    for item in items_of(result):
-        assert item.label_details.description == "diffill"
-        assert item.text_edit.range == types.Range(start=types.Position(0, 16), end=types.Position(0, 18))
-        assert item.text_edit.new_text.startswith("fo")
+    shown = 0
+    for index, word in enumerate(("fo", "do", "sle", "ju")):
+        uri = f"file:///tiny/words-{index}.txt"
+        line = f"the quick brown {word}"
+        open_document(client, uri, PROSE + line + "\n", language="plaintext")
+        result = await complete(client, uri, 4, len(line))
+        assert result is None or isinstance(result, types.CompletionList) and result.is_incomplete
+        for item in items_of(result):
+            shown += 1
+            assert item.label_details.description == "diffill"
+            start = types.Position(4, len(line) - len(word))
+            assert item.text_edit.range == types.Range(start=start, end=types.Position(4, len(line)))
+            assert item.text_edit.new_text.startswith(word)
+    assert shown > 0, "no completion item at any of the words: the properties went unchecked"
 
 
 async def test_rewrite_returns_an_edit_that_keeps_the_file_parseable_or_nothing(client: LanguageClient):
+    edits = 0
     for uri, text, language, selection in (
         ("file:///tiny/rewrite.py", "def add(a, b):\n    return a + b\n", "python", ((1, 11), (1, 16))),
         ("file:///tiny/rewrite.txt", PROSE, "plaintext", ((1, 4), (1, 19))),
+        ("file:///tiny/rewrite-2.txt", PROSE, "plaintext", ((2, 0), (2, 30))),
     ):
         open_document(client, uri, text, language=language, version=7)
+        seen = len(client.statuses)  # type: ignore[attr-defined]
         action = types.CodeAction(title="Rewrite selection (diffill)", data={
             "diffill": "rewrite", "uri": uri, "version": 7, "instruction": None,
             "range": {"start": {"line": selection[0][0], "character": selection[0][1]},
                       "end": {"line": selection[1][0], "character": selection[1][1]}}})
         resolved = await asyncio.wait_for(client.code_action_resolve_async(action), WAIT)
+        status = await status_after(client, seen, types.CODE_ACTION_RESOLVE)
+        assert field_of(status, "outcome") == ("ok" if resolved.edit is not None else "empty")
         if resolved.edit is not None:
+            edits += 1
             edited = apply_workspace_edit(text, uri, resolved.edit, encoding(client))
             assert problems(edited, language) == problems(text, language)
             start = offset_of(text, types.Position(*selection[0]), encoding(client))
             end = offset_of(text, types.Position(*selection[1]), encoding(client))
             assert edited.startswith(text[:start]) and edited.endswith(text[end:])  # only the selection changed
+    assert edits > 0, "no rewrite passed: the edit's properties went unchecked"
 
 
 async def test_unknown_documents_and_positions_outside_the_document_get_nothing(client: LanguageClient):
@@ -148,30 +162,44 @@ async def test_unknown_documents_and_positions_outside_the_document_get_nothing(
     seen = len(client.statuses)  # type: ignore[attr-defined]
     assert await inline(client, uri, 40, 0) is None  # past the last line
     assert field_of(await status_after(client, seen), "outcome") == "invalid"
-    for item in items_of(await inline(client, uri, 0, 400)):  # past the end of the line: the end of the line
-        assert item.range.start == types.Position(0, 5)
+    seen = len(client.statuses)  # type: ignore[attr-defined]
+    items = items_of(await inline(client, uri, 0, 400))  # past the end of the line: served at the end of the line
+    assert field_of(await status_after(client, seen), "outcome") in ("ok", "empty")  # served, not refused
+    assert all(item.range.start == types.Position(0, 5) for item in items)
 
 
 async def test_positions_inside_a_surrogate_pair_are_moved_to_the_character_start(client: LanguageClient):
-    uri = "file:///tiny/emoji.py"
-    open_document(client, uri, EMOJI_LINE)
+    uri = "file:///tiny/emoji.txt"
+    open_document(client, uri, EMOJI_LINE, language="plaintext")
     widths = {"utf-8": 4, "utf-16": 2, "utf-32": 1}
     width = widths[encoding(client)]
     boundaries = {5 + k * width for k in range(3)} | set(range(5)) | {5 + 2 * width + k for k in range(9)}
+    inside = {5 + k * width + j for k in range(2) for j in range(1, width)}  # positions within an emoji
+    moved = 0
     for character in range(5 + 2 * width + 9):
         result = await inline(client, uri, 0, character)
         for item in items_of(result):
             assert item.range.start.character in boundaries
             assert item.range.start.character <= character
+            moved += character in inside
+    assert moved > 0 or width == 1, "no suggestion at a position inside an emoji: the move went unchecked"
     assert (await debug_info(client)) is not None  # still serving
 
 
 async def test_a_language_without_a_grammar_is_served_without_diagnostics(client: LanguageClient):
     uri = "file:///tiny/program.cbl"
     open_document(client, uri, "       IDENTIFICATION DIVISION.\n       PROGRAM-ID. HELLO.\n", language="cobol")
+    seen = len(client.statuses)  # type: ignore[attr-defined]
     result = await inline(client, uri, 1, 25)
     assert result is None or isinstance(result, types.InlineCompletionList)
-    await asyncio.sleep(0.3)
+    assert field_of(await status_after(client, seen), "outcome") in ("ok", "empty")  # served
+    broken = "file:///tiny/broken.py"  # a control: a document with a grammar gets its diagnostics in this time
+    open_document(client, broken, "def f(:\n")
+    for _ in range(WAIT * 20):
+        if client.diagnostics.get(broken):
+            break
+        await asyncio.sleep(0.05)
+    assert client.diagnostics.get(broken)
     assert not client.diagnostics.get(uri)
 
 

@@ -31,7 +31,7 @@ def engine_env(runtime: Path) -> dict[str, str]:
 def start_engine(runtime: Path, socket: Path, *options: str) -> subprocess.Popen[bytes]:
     """`diffill engine serve` with the fake engine, once its socket answers."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "infill_engine.cli", "engine", "serve", "--socket", str(socket),
+        [sys.executable, "-m", "diffill", "engine", "serve", "--socket", str(socket),
          "--engine-factory", FACTORY, "--idle-timeout", "120", *options],
         env=engine_env(runtime), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )

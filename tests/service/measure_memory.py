@@ -35,7 +35,7 @@ class Server:
 
     def __init__(self, settings: dict[str, Any], env: dict[str, str]) -> None:
         script = Path(sys.executable).with_name("diffill")
-        command = [str(script)] if script.exists() else [sys.executable, "-m", "infill_engine.cli"]
+        command = [str(script)] if script.exists() else [sys.executable, "-m", "diffill"]
         self.started = time.monotonic()
         self.process = subprocess.Popen([*command, "serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                         stderr=subprocess.DEVNULL, env=env)
@@ -185,7 +185,7 @@ def measure(mode: str, model: str, fills: int, runtime: str) -> dict[str, Any]:
         for server in servers:
             server.close()
         if mode == "shared":
-            subprocess.run([sys.executable, "-m", "infill_engine.cli", "engine", "stop", "--model", model], env=env,
+            subprocess.run([sys.executable, "-m", "diffill", "engine", "stop", "--model", model], env=env,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60, check=False)
             deadline = time.monotonic() + 10
             while engine_pids(runtime) and time.monotonic() < deadline:

@@ -10,7 +10,6 @@ import struct
 import subprocess
 import sys
 import threading
-import time
 
 import msgpack
 import pytest
@@ -64,8 +63,7 @@ def test_fill_over_the_socket_is_the_in_process_fill(engine):
     assert result.candidates[0].gate is not None and result.candidates[0].gate.ok
     assert result.stats.forward_passes == local.stats.forward_passes == len(steps) > 0
     assert isinstance(steps[0], RemoteStep)
-    assert client.tokenize("return a") == build_engine(None).denoiser.tokenizer("return a", add_special_tokens=False)[
-        "input_ids"]
+    assert client.tokenize("return a") == build_engine(None).tokenize("return a")
     client.close()
 
 
@@ -73,12 +71,14 @@ def test_on_step_false_cancels_the_remote_fill(engine):
     _, path = engine
     client = EngineClient.connect(str(path))
     seen = []
-    started = time.monotonic()
+    steps_before = client.status()["steps"]
     with pytest.raises(FillCancelled):
         client.fill(SLOW, on_step=lambda view: seen.append(view) or len(seen) < 2)
     assert len(seen) == 2
-    assert time.monotonic() - started < 24 * 0.15  # stopped long before the slow fill's 24 steps
-    assert client.fill(ADD).text == "a + b"  # the connection is still good
+    assert client.fill(ADD).text == "a + b"  # the connection is still good (and the slow fill has stopped)
+    fast_steps = client.fill(ADD).stats.forward_passes
+    # the slow fill (24 steps, one position each) stopped within a few steps of the cancel
+    assert client.status()["steps"] - steps_before - 2 * fast_steps < 8
     client.close()
 
 
@@ -201,7 +201,7 @@ def test_tcp_refuses_a_non_loopback_host_unless_allowed(runtime):
         address.parse_tcp("0.0.0.0:8123")
     assert address.parse_tcp("0.0.0.0:8123", allow_non_loopback=True) == ("0.0.0.0", 8123)
     finished = subprocess.run(
-        [sys.executable, "-m", "infill_engine.cli", "engine", "serve", "--tcp", "0.0.0.0:8123",
+        [sys.executable, "-m", "diffill", "engine", "serve", "--tcp", "0.0.0.0:8123",
          "--socket", str(runtime / "x.sock")],
         env=engine_env(runtime), capture_output=True, text=True, timeout=WAIT,
     )

@@ -16,7 +16,7 @@ from pytest_lsp import LanguageClient
 
 from infill_engine.service.address import socket_path
 from infill_engine.service.api import EngineClient
-from infill_engine.service.launcher import EngineSpec
+from infill_engine.interface import ModelSpec
 from tests.lsp.conftest import WAIT, field_of, inline, open_document, serve_command, start, wait_until_loaded
 from tests.service.conftest import FACTORY, engine_env
 
@@ -39,7 +39,7 @@ async def language_server(runtime) -> LanguageClient:
 
 def engine_status(runtime) -> dict:
     os.environ["XDG_RUNTIME_DIR"] = str(runtime)
-    client = EngineClient.connect(str(socket_path(EngineSpec(factory=FACTORY).key)))
+    client = EngineClient.connect(str(socket_path(ModelSpec(factory=FACTORY).key)))
     try:
         return client.status()
     finally:

@@ -63,7 +63,7 @@ export interface LaunchSettings {
 export function serverLaunch(settings: LaunchSettings): ServerLaunch {
   const python = settings.pythonPath.trim();
   if (python !== "") {
-    return { command: python, args: ["-m", "infill_engine.cli", "serve", ...settings.args] };
+    return { command: python, args: ["-m", "diffill", "serve", ...settings.args] };
   }
   const [command, ...rest] = settings.command.map((word) => word.trim()).filter((word) => word !== "");
   if (command === undefined) {

@@ -56,7 +56,7 @@ describe("serverLaunch", () => {
   it("prefers a Python interpreter when one is set", () => {
     assert.deepEqual(serverLaunch({ command: ["diffill", "serve"], pythonPath: " /venv/bin/python ", args: [] }), {
       command: "/venv/bin/python",
-      args: ["-m", "infill_engine.cli", "serve"],
+      args: ["-m", "diffill", "serve"],
     });
   });
 

@@ -1,0 +1,67 @@
+"""`diffill eval humaneval-infill`: pass@1, exact match and syntax-valid rate on HumanEval single-line infilling."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from infill_engine.commands import UsageError, load_in_process
+from infill_engine.interface import add_model_options
+
+HELP = "score a model on an infilling benchmark"
+
+
+def add_arguments(evaluation: argparse.ArgumentParser) -> None:
+    """The suites of `diffill eval` and their options."""
+    suites = evaluation.add_subparsers(dest="suite", required=True)
+    humaneval = suites.add_parser("humaneval-infill", help="HumanEval single-line infilling: pass@1 and more")
+    add_model_options(humaneval, threads="torch threads (default: torch's)")
+    humaneval.add_argument("--data", help="JSONL(.gz) in the HumanEval-infilling format (default: ../shared/bench)")
+    humaneval.add_argument("--limit", type=int, help="only the first N problems")
+    humaneval.add_argument("--sample", type=int, metavar="N",
+                           help="N problems spread evenly over the file, so every part of it is represented")
+    humaneval.add_argument("--protocol", choices=["both", "unknown", "oracle"], default="both",
+                           help="span length unknown (the engine decides), oracle (the true length), or both")
+    humaneval.add_argument("--max-tokens", type=int, default=48, help="canvas positions, unknown length (default 48)")
+    humaneval.add_argument("--workers", type=int, default=2, help="parallel test subprocesses (default: 2)")
+    humaneval.add_argument("--out", help="also write every completion and verdict to this JSON file")
+    humaneval.add_argument("--json", action="store_true", help="print JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the score table of the chosen protocols."""
+    from dataclasses import asdict
+
+    from infill_engine.atomic import write_text_atomic
+    from infill_engine.evaluation import DEFAULT_BENCH, PROTOCOLS, evaluate, load_problems, spread_sample
+
+    try:
+        problems = load_problems(args.data or DEFAULT_BENCH, args.limit)
+        if args.sample is not None:
+            problems = spread_sample(problems, args.sample)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    engine = load_in_process(args)
+    protocols = PROTOCOLS if args.protocol == "both" else (args.protocol,)
+
+    def progress(protocol: str, done: int, total: int) -> None:
+        if sys.stderr.isatty() or done == total or done % 100 == 0:
+            print(f"\r{protocol}: {done}/{total}", end="\n" if done == total else "", file=sys.stderr, flush=True)
+
+    reports = evaluate(engine, problems, protocols, max_tokens=args.max_tokens, workers=args.workers,
+                       progress=progress)
+    summaries = [report.summary() for report in reports]
+    if args.out:
+        details = {r.protocol: [asdict(o) for o in r.outcomes] for r in reports}
+        write_text_atomic(args.out, json.dumps({"summary": summaries, "outcomes": details}, indent=1))
+    model = engine.describe()
+    if args.json:
+        print(json.dumps({"model": model.path, "summary": summaries}, indent=2))
+        return 0
+    print(f"model: {model.path} ({model.family}); {len(problems)} problems")
+    print(f"{'protocol':<9} {'pass@1':>7} {'exact':>7} {'syntax':>7} {'tok/fwd':>8} {'ms/problem':>11}")
+    for row in summaries:
+        print(f"{row['protocol']:<9} {row['pass@1']:>7} {row['exact_match']:>7} {row['syntax_valid']:>7} "
+              f"{row['tokens_per_forward']:>8} {row['ms_per_problem']:>11}")
+    return 0

@@ -1,0 +1,247 @@
+"""The one interface to an engine, without torch: what a client may ask, which model, and how to open one.
+
+    spec = ModelSpec(path=None)                     # the embedded model; or a directory, a family, a device...
+    engine = open_engine(spec, mode="auto")         # the shared engine when one answers or starts, else in process
+    result = engine.fill(InfillRequest(prefix, suffix), on_step=ticket.on_step)
+
+Every kind of engine implements `Engine`: `InfillEngine` runs the model in this process, `SharedEngine` talks to
+`diffill engine` over a local socket. A caller holds an `Engine` and never asks which kind it is, so the language
+server needs neither torch nor the engine's internals. Importing this module does not import torch.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from infill_engine.request import InfillRequest, InfillResult
+
+if TYPE_CHECKING:
+    import argparse
+
+logger = logging.getLogger(__name__)
+
+FAMILIES = ("diffill", "diffusion_gemma", "llada", "dream", "mlm")
+DEVICES_HELP = "auto, cpu, cuda, cuda:N or mps"
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+ENGINE_MODES = ("inprocess", "shared", "auto")
+# Refine: tokens the model gives at least this probability are kept; positions a refined text may grow by.
+DEFAULT_KEEP_ABOVE = 0.9
+DEFAULT_GROW = 4
+MAX_GROW = 64
+
+StepCallback = Callable[[Any], Any]  # called once per denoising step; returning False stops the fill
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Which model an engine serves and how it is loaded; equal identities share a shared engine."""
+
+    path: str | None = None  # checkpoint directory; None: the embedded model
+    family: str | None = None  # one of FAMILIES; None: read from config.json
+    device: str = "auto"  # auto (CUDA when present, else CPU), cpu, cuda, cuda:N, mps
+    dtype: str = "auto"  # one of DTYPES; auto: bfloat16/float16 on GPU, float32 on CPU
+    trust_remote_code: bool = False  # run a checkpoint's own modelling code (never by default)
+    factory: str | None = None  # "module:function" building the engine from this spec instead (tests, demos)
+    threads: int = field(default=0, compare=False)  # CPU threads for torch; 0: leave torch's choice
+
+    def __post_init__(self) -> None:
+        if self.family is not None and self.family not in FAMILIES:
+            raise ValueError(f"unknown model family {self.family!r}; allowed: {', '.join(FAMILIES)}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"unknown dtype {self.dtype!r}; allowed: {', '.join(DTYPES)}")
+        if self.factory is not None and ":" not in self.factory:
+            raise ValueError(f"an engine factory is MODULE:FUNCTION (got {self.factory!r})")
+        if not isinstance(self.threads, int) or self.threads < 0:
+            raise ValueError(f"threads must be an integer >= 0 (got {self.threads!r})")
+
+    @property
+    def resolved_path(self) -> str | None:
+        """The checkpoint directory with `~` expanded and made absolute; None for the embedded model."""
+        return None if self.path is None else str(Path(self.path).expanduser().resolve())
+
+    def identity(self) -> dict[str, Any]:
+        """What makes two engines interchangeable (threads are not part of it)."""
+        identity = asdict(self)
+        identity.pop("threads")
+        identity["path"] = self.resolved_path
+        return identity
+
+    @property
+    def key(self) -> str:
+        """Short hash of the identity; names the shared engine's socket."""
+        from infill_engine.service.address import model_key
+
+        return model_key(self.identity())
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """A client's sampling and context settings; None keeps the engine's own."""
+
+    steps: int | None = None  # forward passes per block at most
+    seed: int | None = None  # the same seed and context give the same fill
+    prefix_tokens: int | None = None  # context budget before the hole
+    suffix_tokens: int | None = None  # context budget after the hole
+
+    def __post_init__(self) -> None:
+        for name, value in asdict(self).items():
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+                raise ValueError(f"{name} must be an integer >= 0 or unset (got {value!r})")
+        if self.steps == 0:
+            raise ValueError("steps must be at least 1")
+
+    def as_dict(self) -> dict[str, int]:
+        """The options that are set."""
+        return {name: value for name, value in asdict(self).items() if value is not None}
+
+    @classmethod
+    def from_dict(cls, values: Any) -> EngineOptions:
+        """Options from a plain mapping (as sent over the wire); ValueError names what is not allowed."""
+        if not values:
+            return cls()
+        allowed = set(cls.__dataclass_fields__)
+        if not isinstance(values, dict) or set(values) - allowed:
+            raise ValueError(f"engine options may only set {', '.join(sorted(allowed))}")
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What a client may know of the model behind an engine."""
+
+    family: str
+    path: str
+    device: str  # where the model runs: "cpu", "cuda:0", ...
+
+    @property
+    def description(self) -> str:
+        """Short name for status bars: family and directory."""
+        return f"{self.family}:{Path(self.path).name}"
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """Fills and refines holes; in this process or another, the caller cannot tell."""
+
+    def fill(self, request: InfillRequest, on_step: StepCallback | None = None, *,
+             document: str | None = None) -> InfillResult:
+        """Fill the hole between `request.prefix` and `request.suffix`.
+
+        `document` names the document the request is for, so that a shared engine lets a newer request of the same
+        document supersede this one; an engine in this process ignores it. FillCancelled when `on_step` says stop.
+        """
+        ...
+
+    def refine(self, request: InfillRequest, original: str, renoise: list[tuple[int, int]] | None = None,
+               keep_above: float | None = DEFAULT_KEEP_ABOVE, grow: int = DEFAULT_GROW,
+               on_step: StepCallback | None = None, *, document: str | None = None) -> InfillResult:
+        """Denoise `original` (the text between prefix and suffix) again, keeping what the model is sure of."""
+        ...
+
+    def count_tokens(self, text: str) -> int:
+        """How many of the model's tokens `text` is."""
+        ...
+
+    def describe(self) -> ModelInfo:
+        """The model behind the engine."""
+        ...
+
+    def configure(self, options: EngineOptions) -> None:
+        """Use these sampling and context settings from now on (unset ones: the engine's defaults)."""
+        ...
+
+    def close(self) -> None:
+        """Let go of the engine (a shared engine keeps running for its other clients)."""
+        ...
+
+
+class OpenError(Exception):
+    """No engine could be opened for a spec; the message says why (shown to the user as it is)."""
+
+
+class NoModelError(OpenError):
+    """No model is named and this build ships no embedded one."""
+
+
+def open_engine(spec: ModelSpec, mode: str = "inprocess") -> Engine:
+    """An engine for `spec`: "inprocess" loads it here, "shared" uses the shared engine, "auto" tries shared first.
+
+    Raises OpenError (NoModelError when there is no model to load) for every failure a user can fix.
+    """
+    from infill_engine.loading import ModelLoadError, default_model_path
+    from infill_engine.service.api import EngineError
+
+    if mode not in ENGINE_MODES:
+        raise OpenError(f"unknown engine mode {mode!r}; allowed: {', '.join(ENGINE_MODES)}")
+    if spec.path is None and spec.factory is None and default_model_path() is None:
+        raise NoModelError("this build of diffill ships no embedded model; set the `model.path` setting (or "
+                           "`--model PATH`) to a checkpoint directory")
+    if mode != "inprocess":
+        from infill_engine.service.launcher import SharedEngine
+
+        try:
+            return SharedEngine(spec)
+        except EngineError as error:
+            if mode == "shared":
+                raise OpenError(f"no shared engine: {error}") from None
+            logger.warning("no shared engine (%s); loading the model in this process", error)
+    try:
+        return load_engine(spec)
+    except (ModelLoadError, ValueError, OSError) as error:
+        raise OpenError(str(error)) from None
+
+
+def load_engine(spec: ModelSpec) -> Engine:
+    """The model of `spec` loaded in this process (imports torch)."""
+    import importlib
+
+    import torch
+
+    from infill_engine.engine import InfillEngine
+
+    if spec.factory:
+        module, _, name = spec.factory.partition(":")
+        engine = getattr(importlib.import_module(module), name)(spec)
+    else:
+        engine = InfillEngine.load(spec)
+    if spec.threads and engine.describe().device == "cpu":
+        torch.set_num_threads(spec.threads)
+    return engine
+
+
+def half_the_cores() -> int:
+    """Half the CPU cores, at least one: the editor and the rest of the machine keep theirs."""
+    return max(1, (os.cpu_count() or 2) // 2)
+
+
+# ------------------------------------------------------------------------------------------ command-line options
+
+
+def add_model_options(parser: argparse.ArgumentParser, *, threads: str | None = None, factory: bool = False) -> None:
+    """The model options of every subcommand that loads a model: `threads` is the --threads help, if it has one;
+    `factory` adds --engine-factory (for the server and the shared engine, whose tests script the engine)."""
+    parser.add_argument("--model", metavar="PATH", help="model directory (default: the embedded model)")
+    parser.add_argument("--family", choices=FAMILIES, help="override the family read from config.json")
+    parser.add_argument("--device", default="auto", help=f"{DEVICES_HELP} (default: auto)")
+    parser.add_argument("--dtype", default="auto", choices=DTYPES, help="(default: auto)")
+    parser.add_argument("--trust-remote-code", action="store_true",
+                        help="allow a checkpoint's own modelling code (off by default)")
+    if factory:
+        parser.add_argument("--engine-factory", metavar="MODULE:FUNCTION",
+                            help="build the engine with FUNCTION(spec) from MODULE instead of loading a checkpoint "
+                                 "(tests and demos)")
+    if threads is not None:
+        parser.add_argument("--threads", type=int, default=0, metavar="N", help=threads)
+
+
+def model_spec_from_args(args: argparse.Namespace, **overrides: Any) -> ModelSpec:
+    """The ModelSpec of parsed `add_model_options` options; ValueError for a bad combination."""
+    spec = ModelSpec(path=args.model, family=args.family, device=args.device, dtype=args.dtype,
+                     trust_remote_code=args.trust_remote_code, factory=getattr(args, "engine_factory", None),
+                     threads=getattr(args, "threads", 0) or 0)
+    return replace(spec, **overrides) if overrides else spec
