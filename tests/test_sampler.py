@@ -7,12 +7,14 @@ from dataclasses import replace
 import pytest
 import torch
 
+from infill_engine.adapters.base import EncodedContext
 from infill_engine.loading import load_denoiser
 from infill_engine.sampler import (
     FillCancelled,
     SamplerConfig,
     StepView,
     denoise_span,
+    row_temperatures,
     temperature_at,
 )
 from infill_engine.stats import FillStats
@@ -246,3 +248,152 @@ def test_the_first_position_cannot_end_the_span(tokenizer):
     span = denoise_span(denoiser, [], [], 4, GREEDY)
     assert span.tokens[0, 0] != end
     assert (denoise_span(denoiser, [], [], 4, replace(GREEDY, min_tokens=0)).tokens[0] == end).all()
+
+
+def text_of(tokenizer, denoiser, row: torch.Tensor) -> str:
+    """The span text of one candidate, up to its end-of-span."""
+    ids = row.tolist()
+    end = denoiser.special.end_of_span_ids[0]
+    return tokenizer.decode(ids[: ids.index(end)] if end in ids else ids)
+
+
+def test_positions_never_committed_take_the_argmax_at_the_step_limit(tokenizer):
+    denoiser = ScriptedDenoiser(tokenizer, ["abcdef"], margin=2.0)  # unsure: one commit per step at threshold 0.9
+    counts, span = committed_counts(denoiser, replace(GREEDY, steps=2), 6)
+    assert [c[0] for c in counts] == [1, 2]
+    assert text_of(tokenizer, denoiser, span.tokens[0]) == "abcdef"
+
+
+def test_entropy_bound_answers_with_the_last_argmax_even_where_it_re_noised(tokenizer):
+    confidence = [20.0, 20.0, 1.0, 1.0, 1.0, 1.0]
+    denoiser = ScriptedDenoiser(tokenizer, ["abcdef"], confidence=confidence)
+    config = replace(GREEDY, commit="entropy_bound", entropy_bound=0.5, steps=2)
+    counts, span = committed_counts(denoiser, config, 6)
+    assert counts[-1][0] < 6  # the last step still re-noised positions ...
+    assert text_of(tokenizer, denoiser, span.tokens[0]) == "abcdef"  # ... the answer is the argmax there
+
+
+@pytest.mark.parametrize("commit, passes", [("threshold", 1), ("entropy_bound", 5)])
+def test_entropy_bound_never_settles_early_it_runs_until_confident_or_out_of_steps(tokenizer, commit, passes):
+    denoiser = ScriptedDenoiser(tokenizer, ["abcdef"], margin=20.0)  # every position accepted at the first step
+    stats = FillStats()
+    denoise_span(denoiser, [], [], 6, replace(GREEDY, commit=commit, steps=5), stats=stats)
+    assert stats.forward_passes == passes
+
+
+def test_entropy_bound_stops_early_once_stable_and_confident(tokenizer):
+    denoiser = ScriptedDenoiser(tokenizer, ["abcdef"], margin=20.0)
+    config = replace(GREEDY, commit="entropy_bound", steps=5, stability_steps=1, confidence_threshold=0.01)
+    stats = FillStats()
+    span = denoise_span(denoiser, [], [], 6, config, stats=stats)
+    assert stats.forward_passes == 2 and stats.stopped_early
+    assert text_of(tokenizer, denoiser, span.tokens[0]) == "abcdef"
+
+
+def test_entropy_bound_keeps_frozen_positions(tokenizer):
+    denoiser = ScriptedDenoiser(tokenizer, ["abcdef"], margin=20.0)
+    keep = tokenizer.convert_tokens_to_ids("z")
+    frozen = torch.tensor([False, True, False, False, True, False])
+    config = replace(GREEDY, commit="entropy_bound", steps=3)
+    span = denoise_span(denoiser, [], [], 6, config, initial=torch.full((6,), keep), frozen=frozen)
+    script = denoiser.encode([], [], 6, 1).state[0]  # (N,) what the model predicts at each position
+    assert span.tokens[0, frozen].tolist() == [keep, keep]
+    assert torch.equal(span.tokens[0, ~frozen], script[~frozen])
+
+
+@pytest.mark.parametrize("stop, expected", [(True, "ab\n"), (False, "ab\ncd")])
+def test_single_line_fills_end_after_the_first_line_break(tokenizer, stop, expected):
+    denoiser = ScriptedDenoiser(tokenizer, ["ab\ncd"], margin=2.0)  # one commit per step, left to right
+    stats = FillStats()
+    span = denoise_span(denoiser, [], [], 8, replace(GREEDY, stop_at_line_break=stop), stats=stats)
+    assert text_of(tokenizer, denoiser, span.tokens[0]) == expected
+    assert stats.forward_passes == (3 if stop else 6)  # a step per token (and the end): none after the line break
+
+
+@pytest.mark.parametrize("suppress_special", [True, False])
+def test_special_tokens_are_never_written_unless_allowed(tokenizer, suppress_special):
+    denoiser = ScriptedDenoiser(tokenizer, ["<|mask|>ab"], margin=14.0)  # the model wants a mask token first
+    span = denoise_span(denoiser, [], [], 4, replace(GREEDY, suppress_special=suppress_special))
+    assert (span.tokens[0, 0] == denoiser.special.mask_id) is not suppress_special
+
+
+def test_min_tokens_holds_the_end_back_for_that_many_positions(tokenizer):
+    denoiser = ScriptedDenoiser(tokenizer, ["a"], margin=14.0)
+    end = denoiser.special.end_of_span_ids[0]
+    span = denoise_span(denoiser, [], [], 6, replace(GREEDY, min_tokens=3))
+    assert end not in span.tokens[0, :3].tolist()
+    assert (span.tokens[0, 3:] == end).all()
+
+
+class AppendScripted(ScriptedDenoiser):
+    """The scripted denoiser as a block-diffusion model: each block is its own canvas after the finished ones."""
+
+    block_mode = "append"
+
+    def encode_rows(self, prefix_ids, continuation, suffix_ids, span_length):
+        self.encodes += 1
+        whole = super().encode(prefix_ids, suffix_ids, continuation.shape[1] + span_length, continuation.shape[0])
+        self.encodes -= 1
+        done = continuation.shape[1]
+        return EncodedContext(prefix_ids, suffix_ids, span_length, continuation.shape[0], whole.state[:, done:])
+
+
+def test_min_tokens_counts_span_positions_across_appended_blocks(tokenizer):
+    denoiser = AppendScripted(tokenizer, ["a"], margin=14.0)  # wants to end after one token
+    end = denoiser.special.end_of_span_ids[0]
+    stats = FillStats()
+    span = denoise_span(denoiser, [], [], 12, replace(GREEDY, block_size=4, min_tokens=6), stats=stats)
+    assert stats.context_encodes == 2  # each block is its own canvas; the span ended in the second
+    assert end not in span.tokens[0, :6].tolist()  # the second block's first two positions may not end it either
+    assert (span.tokens[0, 6:8] == end).all()
+
+
+def test_appended_blocks_stop_once_every_candidate_has_ended(tokenizer):
+    denoiser = AppendScripted(tokenizer, ["ab", "c"], margin=14.0)
+    stats = FillStats()
+    span = denoise_span(denoiser, [], [], 12, replace(GREEDY, block_size=4), batch_size=2, stats=stats)
+    assert stats.context_encodes == 1 and span.steps_per_block == [1]
+    assert [text_of(tokenizer, denoiser, row) for row in span.tokens] == ["ab", "c"]
+
+
+@pytest.mark.parametrize("greedy_first, t, expected", [
+    (True, 0.0, [0.0, 0.7, 0.7]),  # the other candidates still sample
+    (True, 0.5, [0.0, 0.5, 0.5]),
+    (False, 0.5, [0.5, 0.5, 0.5]),
+])
+def test_the_first_candidate_is_greedy_and_the_others_sample(greedy_first, t, expected):
+    config = SamplerConfig(temperature_start=t, temperature_end=t, greedy_first=greedy_first)
+    assert row_temperatures(config, 0, 3, torch.device("cpu")).tolist() == pytest.approx(expected)
+
+
+def test_sampled_candidates_follow_the_model_and_the_greedy_one_its_argmax(tokenizer):
+    denoiser = ScriptedDenoiser(tokenizer, ["ab"], margin=0.5)  # flat: sampling rarely draws the script
+    config = replace(GREEDY, temperature_start=1.0, temperature_end=1.0, suppress_special=False)
+    span = denoise_span(denoiser, [], [], 6, config, batch_size=3)
+    assert text_of(tokenizer, denoiser, span.tokens[0]) == "ab"
+    assert text_of(tokenizer, denoiser, span.tokens[1]) != "ab" or text_of(tokenizer, denoiser, span.tokens[2]) != "ab"
+
+
+class ConditionedDenoiser(ScriptedDenoiser):
+    """Records the self-conditioning input of every step."""
+
+    def predict(self, context, canvas, self_conditioning=None):
+        self.conditioning = getattr(self, "conditioning", []) + [self_conditioning]
+        return super().predict(context, canvas, self_conditioning)
+
+
+@pytest.mark.parametrize("uses", [True, False])
+def test_the_previous_logits_reach_only_models_that_read_them(tokenizer, uses):
+    denoiser = ConditionedDenoiser(tokenizer, ["abcd"], margin=2.0)
+    denoiser.uses_self_conditioning = uses
+    denoise_span(denoiser, [], [], 4, GREEDY)
+    assert denoiser.conditioning[0] is None
+    assert [c is not None for c in denoiser.conditioning[1:]] == [uses] * (len(denoiser.conditioning) - 1)
+    if uses:
+        assert denoiser.conditioning[1].shape == (1, 4, denoiser.vocab_size)
+
+
+def test_a_frozen_mask_needs_initial_tokens(tokenizer):
+    denoiser = ScriptedDenoiser(tokenizer, ["ab"])
+    with pytest.raises(ValueError, match="frozen mask needs the initial tokens"):
+        denoise_span(denoiser, [], [], 4, GREEDY, frozen=torch.tensor([True, False, False, False]))
