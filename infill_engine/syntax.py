@@ -27,29 +27,12 @@ from pathlib import PurePosixPath
 
 import tree_sitter
 
+from infill_engine.brackets import BracketScan, Edit, filled_bracket_scan, scan_brackets
+
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class SyntaxProblem:
-    """One syntax problem, as character offsets into the document it was found in."""
-
-    start: int  # character offset (Python str index)
-    end: int  # exclusive character offset
-    kind: str  # "error" (tree-sitter ERROR node), "missing" (MISSING node), "bracket" (lexical bracket problem),
-    #            "text" (an unprintable character in a fill)
-    message: str  # human readable, e.g. "missing ')'", "unexpected 'x'", "unclosed '('"
-
-
-@dataclass(frozen=True)
-class GateResult:
-    """The verdict on one candidate fill."""
-
-    ok: bool  # True if the fill adds no new problem
-    new_problems: tuple[SyntaxProblem, ...]  # problems of the filled document (its offsets) not there before
-    problems_before: int  # number of problems in the original document
-    problems_after: int  # number of problems in the filled document
-    checker: str  # "tree-sitter:<language>" or "lexical"
+from infill_engine.problems import GateResult, SyntaxProblem  # noqa: E402 - re-exported: the gate's types
 
 
 # Canonical language name -> (grammar module, function returning the language pointer).
@@ -111,182 +94,6 @@ def language_for(name: str | None) -> str | None:
     if not suffix and key.startswith(".") and "/" not in key:
         suffix = key  # a bare extension such as ".py" (PurePath takes it for a hidden file)
     return _EXTENSIONS.get(suffix or "." + key)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Lexical bracket scan
-
-_OPENER_OF = {")": "(", "]": "[", "}": "{"}
-
-_LINE_COMMENT = r"//[^\n]*"
-_HASH_COMMENT = r"\#[^\n]*"
-_BLOCK_COMMENT = r"/\*.*?(?:\*/|\Z)"  # an unterminated block comment runs to the end, as in the language
-# Single-line strings only match when closed on their line, and never look past it (`_Checkpoint` relies on this).
-_DQ_LINE = r'"[^"\\\n]*(?:\\[^\n][^"\\\n]*)*"'
-_SQ_LINE = r"'[^'\\\n]*(?:\\[^\n][^'\\\n]*)*'"
-# Multi-line constructs run to the end of the text when unterminated, and always match once started (a final lone
-# backslash included: `\\.?`), so that whether they match never depends on text far ahead.
-_DQ_MULTILINE = r'"[^"\\]*(?:\\.?[^"\\]*)*(?:"|\Z)'
-_TRIPLE_DQ = r'"""[^"\\]*(?:(?:\\.?|"(?!""))[^"\\]*)*(?:"""|\Z)'
-_TRIPLE_SQ = r"'''[^'\\]*(?:(?:\\.?|'(?!''))[^'\\]*)*(?:'''|\Z)"
-_TEMPLATE = r"`[^`\\]*(?:\\.?[^`\\]*)*(?:`|\Z)"
-_BACKTICK_LINE = r"`[^`\\\n]*(?:\\[^\n][^`\\\n]*)*`"
-_GO_RAW = r"`[^`]*(?:`|\Z)"
-# A character literal: 'x', '\n', '\x7f', '\u{1F600}'. Rust lifetimes ('a) and lone apostrophes do not match.
-_CHAR = r"'(?:\\(?:u\{[0-9A-Fa-f]{1,6}\}|u[0-9A-Fa-f]{4}|x[0-9A-Fa-f]{2}|[0-7]{1,3}|[^\n])|[^'\\\n])'"
-_RUST_RAW = r'(?<![A-Za-z0-9_])b?r(?P<hashes>\#*)".*?(?:"(?P=hashes)|\Z)'
-_CPP_RAW = r'(?<![A-Za-z0-9_])(?:u8|[uUL])?R"(?P<delim>[^()\\\s"]{0,16})\(.*?(?:\)(?P=delim)"|\Z)'
-_LUA_LONG_COMMENT = r"--\[(?P<ceq>=*)\[.*?(?:\](?P=ceq)\]|\Z)"
-_LUA_LONG_STRING = r"\[(?P<seq>=*)\[.*?(?:\](?P=seq)\]|\Z)"
-
-# What the scan skips, per lexical family, in priority order (earlier alternatives win at the same position).
-_SKIPPED: dict[str, tuple[str, ...]] = {
-    "python": (_HASH_COMMENT, _TRIPLE_DQ, _TRIPLE_SQ, _DQ_LINE, _SQ_LINE),
-    "javascript": (_LINE_COMMENT, _BLOCK_COMMENT, _TEMPLATE, _DQ_LINE, _SQ_LINE),
-    "go": (_LINE_COMMENT, _BLOCK_COMMENT, _GO_RAW, _DQ_LINE, _CHAR),
-    "rust": (_LINE_COMMENT, _BLOCK_COMMENT, _RUST_RAW, _DQ_MULTILINE, _CHAR),
-    "c": (_LINE_COMMENT, _BLOCK_COMMENT, _DQ_LINE, _CHAR),
-    "cpp": (_LINE_COMMENT, _BLOCK_COMMENT, _CPP_RAW, _DQ_LINE, _CHAR),
-    "java": (_LINE_COMMENT, _BLOCK_COMMENT, _TRIPLE_DQ, _DQ_LINE, _CHAR),
-    "lua": (_LUA_LONG_COMMENT, r"--[^\n]*", _LUA_LONG_STRING, _DQ_LINE, _SQ_LINE),
-    "json": (_LINE_COMMENT, _BLOCK_COMMENT, _DQ_LINE),  # comments for jsonc
-    "unknown": (_HASH_COMMENT, _LINE_COMMENT, _BLOCK_COMMENT, _DQ_LINE, _SQ_LINE, _BACKTICK_LINE),
-}
-_FAMILY = {"typescript": "javascript", "tsx": "javascript"}
-
-
-@functools.cache
-def _scanner(language: str | None) -> re.Pattern[str]:
-    """The token pattern of a language's lexical family: skipped strings and comments, or one bracket."""
-    family = _FAMILY.get(language or "", language or "")
-    skipped = _SKIPPED.get(family, _SKIPPED["unknown"])
-    return re.compile("|".join((*skipped, r"(?P<bracket>[()\[\]{}])")), re.DOTALL)
-
-
-_CHECKPOINT_EVERY = 256  # brackets between two checkpoints of a scan
-_CHECKPOINT_MAX_DEPTH = 64  # no checkpoint where more brackets are open (bounds memory on pathological text)
-
-
-@dataclass(frozen=True)
-class _Checkpoint:
-    """The state of a bracket scan just after a bracket, from which it can be resumed."""
-
-    offset: int  # where the scan resumes: just after the bracket
-    stack: tuple[tuple[str, int], ...]  # open brackets, (opener, offset), innermost last
-    reported: int  # problems reported before this point
-
-
-_START = _Checkpoint(0, (), 0)
-
-
-@dataclass(frozen=True)
-class _BracketScan:
-    """Bracket problems of a text, in the order the scan found them, and checkpoints to resume the scan from."""
-
-    problems: tuple[SyntaxProblem, ...]  # closers as met, then the openers left unclosed
-    checkpoints: tuple[_Checkpoint, ...]
-
-
-@dataclass(frozen=True)
-class _Edit:
-    """document[start:end] replaced by a fill of fill_length characters."""
-
-    start: int
-    end: int
-    fill_length: int
-
-    @property
-    def shift(self) -> int:
-        """How far the text after the edit moves."""
-        return self.fill_length - (self.end - self.start)
-
-    def moved(self, offset: int) -> int:
-        """Where an offset of the original document lands in the filled one."""
-        return offset + self.shift if offset >= self.end else min(offset, self.start)
-
-
-@dataclass(frozen=True)
-class _Resync:
-    """Lets a scan of the filled document stop where it meets the original scan in the same state."""
-
-    original: _BracketScan
-    edit: _Edit
-    checkpoints: dict[int, _Checkpoint]  # the original's checkpoints after the edit, by offset in the filled text
-
-    def rest(self, offset: int, stack: list[tuple[str, int]]) -> list[SyntaxProblem] | None:
-        """The problems after offset, taken from the original scan, if the filled scan's state there is the same."""
-        checkpoint = self.checkpoints[offset]
-        if [(opener, self.edit.moved(at)) for opener, at in checkpoint.stack] != stack:
-            return None
-        rest = []
-        for problem in self.original.problems[checkpoint.reported :]:  # each on one bracket
-            at = self.edit.moved(problem.start)
-            rest.append(SyntaxProblem(at, at + 1, problem.kind, problem.message))
-        return rest
-
-
-def _scan_brackets(
-    text: str,
-    language: str | None,
-    resume: _Checkpoint = _START,
-    reported: tuple[SyntaxProblem, ...] = (),
-    resync: _Resync | None = None,
-) -> _BracketScan:
-    """Unexpected, mismatched and unclosed brackets outside strings and comments.
-
-    The scan can resume from a checkpoint, given the problems reported before it, and stop early where `resync`
-    says that the rest is known.
-    """
-    problems = list(reported)
-    stack = list(resume.stack)
-    checkpoints: list[_Checkpoint] = []
-    brackets = 0
-    for match in _scanner(language).finditer(text, resume.offset):
-        if match.lastgroup != "bracket":
-            continue
-        brackets += 1
-        bracket, offset = match.group(), match.start()
-        opener = _OPENER_OF.get(bracket)
-        if opener is None:
-            stack.append((bracket, offset))
-        elif not stack:
-            problems.append(SyntaxProblem(offset, offset + 1, "bracket", f"unexpected '{bracket}'"))
-        elif stack[-1][0] == opener:
-            stack.pop()
-        else:
-            message = f"'{bracket}' does not match '{stack[-1][0]}'"
-            problems.append(SyntaxProblem(offset, offset + 1, "bracket", message))
-            # Recover: a closer that matches a deeper opener closes it and the openers above it (already reported
-            # by this mismatch); one that matches nothing is dropped.
-            for depth in range(len(stack) - 2, -1, -1):
-                if stack[depth][0] == opener:
-                    del stack[depth:]
-                    break
-        if resync is not None:
-            rest = resync.rest(match.end(), stack) if match.end() in resync.checkpoints else None
-            if rest is not None:
-                return _BracketScan((*problems, *rest), ())
-        elif brackets % _CHECKPOINT_EVERY == 0 and len(stack) <= _CHECKPOINT_MAX_DEPTH:
-            checkpoints.append(_Checkpoint(match.end(), tuple(stack), len(problems)))
-    problems.extend(SyntaxProblem(offset, offset + 1, "bracket", f"unclosed '{opener}'") for opener, offset in stack)
-    return _BracketScan(tuple(problems), tuple(checkpoints))
-
-
-def _filled_bracket_scan(original: _BracketScan, filled: str, edit: _Edit, language: str | None) -> _BracketScan:
-    """Bracket problems of the filled document, rescanning only from the last safe checkpoint before the edit.
-
-    A checkpoint is safe when a newline lies between it and the edit: tokens before it ended there, and the
-    patterns that failed before it looked no further than the end of their line.
-    """
-    last_newline = filled.rfind("\n", 0, edit.start)
-    resume = _START
-    for checkpoint in original.checkpoints:
-        if checkpoint.offset > last_newline:
-            break
-        resume = checkpoint
-    after_edit = {cp.offset + edit.shift: cp for cp in original.checkpoints if cp.offset > edit.end}
-    resync = _Resync(original, edit, after_edit)
-    return _scan_brackets(filled, language, resume, original.problems[: resume.reported], resync)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -390,7 +197,7 @@ class _Analysis:
     """A document's parse and problems, kept so that several candidates can be checked against it."""
 
     document: str
-    brackets: _BracketScan
+    brackets: BracketScan
     data: bytes | None  # UTF-8 bytes, when parsed by tree-sitter
     tree: tree_sitter.Tree | None
     problems: tuple[SyntaxProblem, ...]  # bracket and tree-sitter problems, in document order
@@ -414,7 +221,7 @@ def _analyse(document: str, language: str | None) -> _Analysis:
         if cached is not None and cached.document == document:
             _ORIGINALS.move_to_end(key)
             return cached
-    brackets = _scan_brackets(document, language)
+    brackets = scan_brackets(document, language)
     parser = _parser(language)
     data = tree = None
     node_problems: list[SyntaxProblem] = []
@@ -440,11 +247,11 @@ def find_problems(document: str, language: str | None) -> list[SyntaxProblem]:
     return list(_analyse(document, language_for(language)).problems)
 
 
-def _filled_problems(original: _Analysis, edit: _Edit, fill: str, language: str | None) -> tuple[SyntaxProblem, ...]:
+def _filled_problems(original: _Analysis, edit: Edit, fill: str, language: str | None) -> tuple[SyntaxProblem, ...]:
     """Problems of the original document with the edit applied, rescanned and reparsed incrementally."""
     document = original.document
     filled = document[: edit.start] + fill + document[edit.end :]
-    problems = list(_filled_bracket_scan(original.brackets, filled, edit, language).problems)
+    problems = list(filled_bracket_scan(original.brackets, filled, edit, language).problems)
     parser = _parser(language)
     if parser is not None and original.tree is not None and original.data is not None:
         data = original.data
@@ -473,7 +280,7 @@ def _filled_problems(original: _Analysis, edit: _Edit, fill: str, language: str 
 class _OldProblems:
     """The original document's problems moved through an edit, to tell which problems of the filled one are new."""
 
-    def __init__(self, problems: Iterable[SyntaxProblem], edit: _Edit) -> None:
+    def __init__(self, problems: Iterable[SyntaxProblem], edit: Edit) -> None:
         self.starts = {(p.kind, edit.moved(p.start)) for p in problems}
         errors = sorted((edit.moved(p.start), edit.moved(p.end)) for p in problems if p.kind == "error")
         self.error_starts = [start for start, _ in errors]
@@ -506,7 +313,7 @@ def check_fill(document: str, start: int, end: int, fill: str, language: str | N
         raise ValueError(f"fill range [{start}, {end}) is not inside a document of {len(document)} characters")
     canonical = language_for(language)
     original = _analyse(document, canonical)
-    edit = _Edit(start, end, len(fill))
+    edit = Edit(start, end, len(fill))
     after = _filled_problems(original, edit, fill, canonical)
     old = _OldProblems(original.problems, edit)
     unprintable = _unprintable(fill, start)

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from infill_engine import syntax
+from infill_engine import brackets, syntax
 from infill_engine.syntax import (
     SUPPORTED_LANGUAGES,
     GateResult,
@@ -338,7 +338,7 @@ def test_incremental_bracket_scan_matches_a_full_scan(where: str, fill: str) -> 
 def test_scan_does_not_resume_from_a_checkpoint_on_the_edited_line() -> None:
     # The '(' after the unterminated quote is exactly where the original scan takes a checkpoint; the fill closes
     # the quote, so resuming from that checkpoint would keep the '(' open.
-    first_line = "x = (" + "()" * ((syntax._CHECKPOINT_EVERY - 2) // 2) + "\n"
+    first_line = "x = (" + "()" * ((brackets.CHECKPOINT_EVERY - 2) // 2) + "\n"
     template = first_line + "s = 'ab(c <HOLE>\n)\n"
     assert gate(template, "", None).problems_before == 1
     result = gate(template, "'", None)
