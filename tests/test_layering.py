@@ -105,14 +105,13 @@ TRAINING_MODULES = (
 # Loads each model named on the command line in turn, fills one hole with it, and notes the training modules by then.
 LOAD_AND_FILL = f"""
 import json, sys
-from infill_engine.engine import InfillEngine
-from infill_engine.loading import load_denoiser
+from infill_engine.interface import ModelSpec, open_engine
 from infill_engine.request import InfillRequest
 
 after = {{}}
 for path in sys.argv[1:]:
-    denoiser = load_denoiser(path, device="cpu")
-    InfillEngine(denoiser).fill(InfillRequest(prefix="def add(a, b):\\n    return ", suffix="\\n", max_tokens=4))
+    engine = open_engine(ModelSpec(path=path, device="cpu"))
+    engine.fill(InfillRequest(prefix="def add(a, b):\\n    return ", suffix="\\n", max_tokens=4))
     after[path] = {TRAINING_MODULES}
 print(json.dumps(after))
 """

@@ -401,7 +401,7 @@ def test_model_is_written_in_shards_of_at_most_16_mb(tmp_path: Path, tokenizer) 
 
 
 def test_train_command_runs_from_the_cli(prepared_run: Path, source_dir: Path, tmp_path: Path) -> None:
-    from infill_engine.cli import main
+    from diffill.cli import main
 
     run_dir = copy_run(prepared_run, tmp_path / "run")
     argv = ["train", "--run-dir", str(run_dir), "--no-stdlib", "--source", str(source_dir), "--preset", "tiny",

@@ -29,6 +29,14 @@ CORPUS = [
 ]
 
 
+def diffill_tokenizer() -> PreTrainedTokenizerFast:
+    """A tiny tokenizer with the embedded model's special tokens (for scripted engines)."""
+    from infill_engine.special_tokens import END_OF_SPAN_TOKEN, END_OF_TEXT_TOKEN, MASK_TOKEN, PAD_TOKEN
+
+    return build_tokenizer({"pad": PAD_TOKEN, "mask": MASK_TOKEN, "eos": END_OF_TEXT_TOKEN,
+                            "end_of_span": END_OF_SPAN_TOKEN})
+
+
 def build_tokenizer(specials: dict[str, str], vocab_size: int = 200) -> PreTrainedTokenizerFast:
     """A byte-level BPE tokenizer trained on a few lines of code; `specials` maps role -> token string."""
     ordered = list(dict.fromkeys(specials.values()))

@@ -10,7 +10,7 @@ from __future__ import annotations
 from infill_engine.engine import InfillEngine
 from infill_engine.sampler import SamplerConfig
 from tests.lsp.fake_engine import Rule, RuleDenoiser
-from tests.tiny_models import build_tokenizer
+from tests.tiny_models import diffill_tokenizer
 
 # The file the screenshots show, and the line the user is typing at its end.
 DEMO_FILE = '''from pathlib import Path
@@ -35,6 +35,5 @@ RULES = (Rule("    with path.open() as f:\n        return ", "\n", (DEMO_FILL,))
 
 def build_engine(settings: object) -> InfillEngine:
     """The `--engine-factory` entry point."""
-    tokenizer = build_tokenizer({"pad": "<|pad|>", "mask": "<|mask|>", "eos": "<|endoftext|>",
-                                 "end_of_span": "<|endofspan|>"})
+    tokenizer = diffill_tokenizer()
     return InfillEngine(RuleDenoiser(tokenizer, RULES), sampler=SamplerConfig(steps=24, block_size=64))

@@ -24,9 +24,8 @@ def build_engine(spec: object = None) -> InfillEngine:
     from infill_engine.engine import InfillEngine
     from infill_engine.sampler import SamplerConfig
     from tests.lsp.fake_engine import Rule, RuleDenoiser
-    from tests.tiny_models import build_tokenizer
+    from tests.tiny_models import diffill_tokenizer
 
     rules = (Rule(OLD_LINE, "\n", (OLD_FILL,)), Rule(NEW_LINE, "\n", (NEW_FILL,)))
-    tokenizer = build_tokenizer({"pad": "<|pad|>", "mask": "<|mask|>", "eos": "<|endoftext|>",
-                                 "end_of_span": "<|endofspan|>"})
+    tokenizer = diffill_tokenizer()
     return InfillEngine(RuleDenoiser(tokenizer, rules), sampler=SamplerConfig(steps=24, block_size=64))

@@ -19,7 +19,7 @@ from infill_engine.adapters.base import EncodedContext
 from infill_engine.engine import InfillEngine
 from infill_engine.sampler import SamplerConfig
 from tests.scripted import ScriptedDenoiser
-from tests.tiny_models import build_tokenizer
+from tests.tiny_models import diffill_tokenizer
 
 SLOW_STEP_SECONDS = 0.15  # per forward pass of a slow rule: long enough to supersede or cancel it mid-fill
 SLOW_MARGIN = 2.0  # logit margin of a slow rule: below the commit threshold, so one position commits per step
@@ -94,6 +94,5 @@ class RuleDenoiser(ScriptedDenoiser):
 
 def build_engine(settings) -> InfillEngine:
     """The `--engine-factory` entry point: an engine around the rule denoiser (settings are applied by the server)."""
-    tokenizer = build_tokenizer({"pad": "<|pad|>", "mask": "<|mask|>", "eos": "<|endoftext|>",
-                                 "end_of_span": "<|endofspan|>"})
+    tokenizer = diffill_tokenizer()
     return InfillEngine(RuleDenoiser(tokenizer), sampler=SamplerConfig(steps=24, block_size=64))
