@@ -215,7 +215,7 @@ def draw_tokens(probs: torch.Tensor, temps: torch.Tensor, generator: torch.Gener
     """Sample a token per position (B, N) from `probs`; argmax on rows whose temperature is 0."""
     batch, length, vocab = probs.shape
     greedy = probs.argmax(dim=-1)
-    if bool((temps > 0).any()):
+    if bool((temps > 0).any()):  # an Exp(1) draw per vocabulary entry of every row, greedy ones too: the seed stream
         sampled = torch.multinomial(probs.view(-1, vocab), num_samples=1, generator=generator).view(batch, length)
         return torch.where((temps > 0)[:, None], sampled, greedy)
     return greedy
