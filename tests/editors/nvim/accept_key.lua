@@ -3,23 +3,8 @@
 -- kind of mapping that was, on both of the plugin's paths (its own ghost text, and Neovim 0.12's
 -- vim.lsp.inline_completion, stood in for here on every version: the tests need to say whether one is shown).
 -- Prints "N passed, N failed" and exits non-zero on a failure.
-vim.opt.runtimepath:prepend(assert(vim.env.DIFFILL_ROOT) .. '/editors/neovim')
-
-local passed, failed = 0, 0
-local function test(name, fn)
-  local ok, err = pcall(fn)
-  if ok then
-    passed = passed + 1
-  else
-    failed = failed + 1
-    io.stderr:write(('FAIL %s: %s\n'):format(name, err))
-  end
-end
-local function eq(actual, expected)
-  if not vim.deep_equal(actual, expected) then
-    error(('expected %s, got %s'):format(vim.inspect(expected), vim.inspect(actual)), 2)
-  end
-end
+local T = dofile(assert(vim.env.DIFFILL_ROOT) .. '/tests/editors/nvim/units.lua')
+local test, eq = T.test, T.eq
 
 local ghost = require('diffill.ghost')
 ghost.setup(vim.deepcopy(require('diffill.config').defaults.ghost_text))
@@ -189,7 +174,4 @@ test('native: attaching again keeps the first captured mapping', function()
   eq(vim.api.nvim_buf_get_lines(bufnr, 0, -1, false), { 'first' })
 end)
 
-print(('%d passed, %d failed'):format(passed, failed))
-if failed > 0 then
-  os.exit(1)
-end
+T.finish()

@@ -1,22 +1,7 @@
 -- Unit tests of diffill.nvim's own logic, run with `nvim --headless --clean -l unit.lua` (no server involved).
 -- Prints "N passed, N failed" and exits non-zero on a failure.
-vim.opt.runtimepath:prepend(assert(vim.env.DIFFILL_ROOT) .. '/editors/neovim')
-
-local passed, failed = 0, 0
-local function test(name, fn)
-  local ok, err = pcall(fn)
-  if ok then
-    passed = passed + 1
-  else
-    failed = failed + 1
-    io.stderr:write(('FAIL %s: %s\n'):format(name, err))
-  end
-end
-local function eq(actual, expected)
-  if not vim.deep_equal(actual, expected) then
-    error(('expected %s, got %s'):format(vim.inspect(expected), vim.inspect(actual)), 2)
-  end
-end
+local T = dofile(assert(vim.env.DIFFILL_ROOT) .. '/tests/editors/nvim/units.lua')
+local test, eq = T.test, T.eq
 
 local config = require('diffill.config')
 local status = require('diffill.status')
@@ -76,5 +61,4 @@ test('LSP character offsets map to byte columns in every encoding', function()
   eq(util.byte_col(buf, 0, 99, 'utf-16'), 13) -- past the end: the end of the line
 end)
 
-print(('%d passed, %d failed'):format(passed, failed))
-vim.cmd(failed == 0 and 'qa!' or 'cq!')
+T.finish()
