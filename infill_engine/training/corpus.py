@@ -2,6 +2,10 @@
 
 Every file is kept or dropped for exactly one reason, counted in the manifest. A file that shares even one 13-word
 shingle with the evaluation benchmark is dropped, so that benchmark scores measure infilling, not recall.
+
+A source directory fetched from the package registries (`registry_corpus`) is described by a sources.json in it or
+in the nearest directory above it. Then only the listed packages' directories are read, and each package's record,
+its licence included, goes into the manifest with the number of its files kept.
 """
 
 from __future__ import annotations
@@ -17,10 +21,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+from infill_engine.training.registry_corpus import find_sources_file, read_sources
+
 logger = logging.getLogger(__name__)
 
 SOURCE_EXTENSIONS = frozenset(
-    {".py", ".js", ".mjs", ".ts", ".tsx", ".go", ".rs", ".c", ".h", ".cpp", ".java", ".lua", ".json"}
+    {".py", ".js", ".mjs", ".cjs", ".ts", ".tsx", ".go", ".rs", ".c", ".h", ".cpp", ".java", ".lua", ".json"}
 )
 # Directories never walked: installed third-party packages (the stdlib directory holds site-packages), caches and
 # version-control metadata. Test and test-data directories are kept.
@@ -65,6 +71,8 @@ class CorpusManifest:
     bench: dict[str, Any] = field(default_factory=dict)  # path, problems, shingles, matches, example files
     tokens: int | None = None  # filled in once the tokenizer exists
     chars_per_token_python: float | None = None
+    # registry packages read (from sources.json): ecosystem, name, version, licence, ..., kept_files, kept_bytes
+    packages: list[dict[str, Any]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
@@ -78,6 +86,7 @@ class CorpusManifest:
             "bench": self.bench,
             "tokens": self.tokens,
             "chars_per_token_python": self.chars_per_token_python,
+            "packages": self.packages,
         }
 
 
@@ -115,6 +124,41 @@ def iter_source_files(directory: Path) -> Iterator[Path]:
             path = Path(root) / name
             if path.suffix in SOURCE_EXTENSIONS and path.is_file() and not path.is_symlink():
                 yield path
+
+
+def package_roots(directory: Path) -> list[tuple[Path, dict[str, Any] | None]]:
+    """The directories to read under `directory`, each with its registry package record (None for a plain directory).
+
+    With a sources.json in `directory` or above it, only the directories of its packages that lie under `directory`
+    (or the one package `directory` lies in) are read: files of packages not on the list never enter the corpus.
+    """
+    sources_file = find_sources_file(directory)
+    if sources_file is None:
+        return [(directory, None)]
+    base = sources_file.parent
+    resolved = directory.resolve()
+    roots: list[tuple[Path, dict[str, Any] | None]] = []
+    for record in read_sources(sources_file):
+        package_dir = (base / record["path"]).resolve()
+        entry = {**record, "kept_files": 0, "kept_bytes": 0}
+        if package_dir == resolved or resolved in package_dir.parents:
+            roots.append((directory / package_dir.relative_to(resolved), entry))
+        elif package_dir in resolved.parents:
+            roots.append((directory, entry))
+    if not roots:
+        logger.warning("%s lists no package under %s: nothing is read from it", sources_file, directory)
+    return roots
+
+
+def iter_directory_files(
+    directory: Path, packages: list[dict[str, Any]]
+) -> Iterator[tuple[Path, dict[str, Any] | None]]:
+    """Each source file under `directory` with its package record, appending each record to `packages` when reached."""
+    for root, package in package_roots(directory):
+        if package is not None:
+            packages.append(package)
+        for path in iter_source_files(root):
+            yield path, package
 
 
 def word_shingles(text: str, size: int = SHINGLE_WORDS) -> set[str]:
@@ -204,7 +248,7 @@ def build_corpus(
     for directory in directories:
         if not directory.is_dir():
             raise FileNotFoundError(f"source directory {directory} does not exist or is not a directory")
-        for path in iter_source_files(directory):
+        for path, package in iter_directory_files(directory, manifest.packages):
             try:
                 if path.stat().st_size > MAX_FILE_BYTES:
                     manifest.dropped["huge"] += 1
@@ -235,6 +279,9 @@ def build_corpus(
             manifest.files += 1
             manifest.bytes += len(data)
             manifest.files_by_extension[path.suffix] = manifest.files_by_extension.get(path.suffix, 0) + 1
+            if package is not None:
+                package["kept_files"] += 1
+                package["kept_bytes"] += len(data)
     if bench:
         manifest.bench.update(
             {
@@ -293,6 +340,7 @@ def read_corpus(directory: str | os.PathLike[str]) -> Corpus:
         sources=raw["sources"], files=raw["files"], bytes=raw["bytes"], eval_files=raw["eval_files"],
         files_by_extension=raw["files_by_extension"], dropped=raw["dropped"], bench=raw["bench"],
         tokens=raw.get("tokens"), chars_per_token_python=raw.get("chars_per_token_python"),
+        packages=raw.get("packages", []),
     )
     return Corpus(documents, manifest)
 
