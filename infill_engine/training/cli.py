@@ -48,11 +48,22 @@ def add_arguments(train: argparse.ArgumentParser) -> None:
                        help="steps between evaluations on held-out files (default: 100)")
     train.add_argument("--time-limit", type=float, metavar="MINUTES",
                        help="stop with a checkpoint after this many minutes (default: none)")
+    train.add_argument("--fetch-corpus", type=Path, metavar="DEST",
+                       help="instead of training, download the packages of infill_engine/training/corpus_packages.tsv "
+                            "into DEST (resumable) and stop; then train with --source DEST (see docs/MODEL.md)")
 
 
 def run(args: argparse.Namespace) -> int:
     """Run `diffill train`; 0 when it finished or stopped at its limit, 130 when stopped by a signal."""
     from infill_engine.commands import UsageError
+    if args.fetch_corpus is not None:  # fetch the registry corpus instead of training
+        from infill_engine.training.registry_corpus import run_fetch
+
+        logging.getLogger("infill_engine.training").setLevel(logging.INFO)
+        try:
+            return run_fetch(args.fetch_corpus)
+        except (OSError, ValueError) as error:
+            raise UsageError(str(error)) from None
     from infill_engine.training.config import TrainConfig
     from infill_engine.training.train import train  # torch loads here, not when the parser is built
 
