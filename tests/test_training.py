@@ -496,3 +496,78 @@ def test_a_dense_run_switches_a_trained_model_to_causal_reading(tmp_path, source
                                init_from=latest_checkpoint(first)))
     trained = DiffillForInfilling.from_pretrained(result.checkpoint)
     assert trained.config.shift_logits and trained.config.causal_context
+
+
+# ------------------------------------------------------------------------------------------------- several holes
+
+
+def several_hole_examples(tokenizer, source_dir: Path, count: int = 6):
+    """Examples of windows with two or three holes, from the test sources."""
+    from infill_engine.training.objective import build_multi_hole_example
+
+    tokens = span_tokens(tokenizer)
+    config = ObjectiveConfig(seq_len=200, max_span_tokens=24, holes=3, max_extra_positions=4)
+    document = (source_dir / "textwrap.py").read_text()
+    examples, rng = [], random.Random(7)
+    while len(examples) < count:
+        example = build_multi_hole_example(tokenizer, document, rng.choice((2, 3)), rng, tokens, config)
+        if example is not None:
+            examples.append((example, document))
+    return examples, tokens, config
+
+
+def test_a_window_with_several_holes_labels_each_span_and_keeps_the_text_in_order(tokenizer, source_dir: Path):
+    examples, tokens, config = several_hole_examples(tokenizer, source_dir)
+    for example, document in examples:
+        assert len(example.spans) > 1 and len(example.input_ids) <= config.seq_len
+        assert all(end <= start for (_, end), (start, _) in zip(example.spans, example.spans[1:]))  # in order
+        pieces, position = [], 0
+        for start, end in example.spans:
+            pieces.append(tokenizer.decode(example.input_ids[position:start]))
+            targets = example.labels[start:end]
+            middle = [t for t in targets if t != tokens.end_of_span_id]
+            assert targets == middle + [tokens.end_of_span_id] * (len(targets) - len(middle))  # middle, then ends
+            pieces.append(tokenizer.decode(middle))
+            position = end
+        pieces.append(tokenizer.decode(example.input_ids[position:]))
+        assert "".join(pieces) in document  # context and middles in order are one run of the document
+        outside = [i for i, s in enumerate(example.segments) if s == 0]
+        assert all(example.labels[i] == IGNORE_INDEX and example.loss_weights[i] == 0 for i in outside)
+
+
+def test_each_hole_sees_the_context_and_itself_only(tokenizer, source_dir: Path):
+    from infill_engine.training.run_directory import build_model
+    from infill_engine.training.config import PRESETS
+
+    examples, tokens, config = several_hole_examples(tokenizer, source_dir, count=1)
+    example = examples[0][0]
+    torch.manual_seed(0)
+    model = build_model(PRESETS["tiny"], tokenizer, config.seq_len, dense=True).eval()
+    batch = collate([example], tokens.pad_id, dense=True)
+    assert "canvas_segments" in batch
+    (first_start, first_end), (second_start, second_end) = example.spans[:2]
+
+    def first_span_logits(input_ids):
+        inputs = {k: v for k, v in batch.items() if k not in ("labels", "loss_weights", "next_token_labels")}
+        with torch.no_grad():
+            return model(**{**inputs, "input_ids": input_ids}).logits[0, first_start:first_end]
+
+    before = first_span_logits(batch["input_ids"])
+    other_span = batch["input_ids"].clone()
+    other_span[0, second_start:second_end] = tokens.mask_id  # another hole's canvas: not seen
+    torch.testing.assert_close(first_span_logits(other_span), before)
+    later_context = batch["input_ids"].clone()
+    later_context[0, second_end:] = tokens.mask_id  # the context after another hole: seen
+    assert not torch.allclose(first_span_logits(later_context), before)
+    targets = batch["next_token_labels"][0]
+    assert targets[first_end] == IGNORE_INDEX and targets[second_end] == IGNORE_INDEX  # read a canvas' output
+    with torch.no_grad():
+        assert torch.isfinite(model(**batch, loss_only=True).loss)
+
+
+def test_a_run_with_several_holes_trains(prepared_run: Path, source_dir: Path, tmp_path: Path) -> None:
+    run_dir = copy_run(prepared_run, tmp_path / "run")
+    result = train(tiny_config(run_dir, source_dir, steps=2, seq_len=96, holes=3, dense=True))
+    assert result.step == 2 and result.eval_loss is not None
+    with pytest.raises(ValueError, match="holes"):
+        ObjectiveConfig(holes=0)

@@ -72,18 +72,26 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 def infilling_attention_mask(
-    canvas_mask: torch.Tensor, padding_mask: torch.Tensor, causal_positions: torch.LongTensor | None = None
+    canvas_mask: torch.Tensor,
+    padding_mask: torch.Tensor,
+    causal_positions: torch.LongTensor | None = None,
+    canvas_segments: torch.LongTensor | None = None,
 ) -> torch.Tensor:
     """Boolean (B, 1, T, T) mask, True where query t may attend key s, implementing the rule of this module.
 
     With `causal_positions` (B, T), a context token attends only to context tokens at positions up to its own (the
     causal_context variant, for models that start from an autoregressive one); canvas tokens still see everything.
+    With `canvas_segments` (B, T; 0 in the context, k in the k-th of several canvases of one training sequence), a
+    canvas token sees the context and its own canvas only, as if each canvas were the only hole.
     """
     key_is_context = ~canvas_mask[:, None, :]  # (B, 1, T)
     query_is_canvas = canvas_mask[:, :, None]  # (B, T, 1)
+    canvas_sees = key_is_context | query_is_canvas  # (B, T, T) for canvas queries: every key...
+    if canvas_segments is not None:  # ...or the context and their own canvas
+        canvas_sees = key_is_context | (canvas_segments[:, :, None] == canvas_segments[:, None, :])
     if causal_positions is not None:
         key_is_context = key_is_context & (causal_positions[:, None, :] <= causal_positions[:, :, None])  # (B, T, T)
-    allowed = (key_is_context | query_is_canvas) & padding_mask[:, None, :]  # (B, T, T)
+    allowed = torch.where(query_is_canvas, canvas_sees, key_is_context) & padding_mask[:, None, :]  # (B, T, T)
     # Every position may attend itself. The rule already allows this for real tokens; for a padding token (whose
     # output nobody reads) it keeps the row from being empty, which would make the softmax NaN.
     allowed = allowed | torch.eye(canvas_mask.shape[1], dtype=torch.bool, device=canvas_mask.device)
@@ -307,6 +315,7 @@ class DiffillForInfilling(DiffillPreTrainedModel):
         loss_only: bool = False,
         next_token_labels: torch.LongTensor | None = None,
         next_token_weight: float = 1.0,
+        canvas_segments: torch.LongTensor | None = None,
         **kwargs,
     ) -> MaskedLMOutput:
         """One pass over context and canvas together (training); canvas_mask None means all positions are canvas.
@@ -318,7 +327,8 @@ class DiffillForInfilling(DiffillPreTrainedModel):
 
         `next_token_labels` (B, T), for dense supervision of a shift_logits model: each labelled context position's
         (shifted) output is also trained to predict its token, as an autoregressive model is; the loss becomes the
-        span's loss plus `next_token_weight` times the mean next-token cross-entropy.
+        span's loss plus `next_token_weight` times the mean next-token cross-entropy. `canvas_segments` (B, T) marks
+        several canvases in one sequence (0: context, k: the k-th canvas), each attending to the context and itself.
         """
         B, T = input_ids.shape
         if position_ids is None:
@@ -331,7 +341,7 @@ class DiffillForInfilling(DiffillPreTrainedModel):
             canvas = everywhere if canvas_mask is None else canvas_mask.bool()
             real = everywhere if attention_mask is None else attention_mask.bool()
             causal = position_ids if self.config.causal_context else None
-            attn_mask = infilling_attention_mask(canvas, real, causal)  # (B, 1, T, T)
+            attn_mask = infilling_attention_mask(canvas, real, causal, canvas_segments)  # (B, 1, T, T)
         elif self.config.causal_context:
             raise ValueError("a causal_context model needs canvas_mask: it attends differently to context and canvas")
         for block in self.layers:

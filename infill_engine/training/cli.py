@@ -39,6 +39,9 @@ def add_arguments(train: argparse.ArgumentParser) -> None:
     train.add_argument("--dense", action="store_true",
                        help="dense supervision: read the context causally and train every context position to "
                             "predict its next token beside the span's loss (see docs/MODEL.md)")
+    train.add_argument("--holes", type=int, default=1, metavar="N",
+                       help="holes per training window at most: each window draws 1..N, each hole's canvas sees the "
+                            "context and itself (default: 1, one hole as served)")
     train.add_argument("--seed", type=int, default=0, help="random seed of weights and data (default: 0)")
     train.add_argument("--resume", action=argparse.BooleanOptionalAction, default=None,
                        help="continue from the last checkpoint (default: when the run directory has one)")
@@ -91,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
             num_threads=args.threads,
             train_layers=args.train_layers,
             dense=args.dense,
+            holes=args.holes,
         )
         result = train(config)
     except (ValueError, FileNotFoundError) as error:

@@ -68,6 +68,7 @@ class TrainConfig:
     # Dense supervision: the context is read causally and every context position also learns its next token
     dense: bool = False
     next_token_weight: float = 1.0  # with dense: the next-token loss's weight beside the span's loss
+    holes: int = 1  # holes per training window at most (each window draws 1..holes); 1: one hole, as served
 
     def __post_init__(self) -> None:
         if self.preset not in PRESETS:
@@ -93,7 +94,8 @@ class TrainConfig:
         preset = PRESETS[self.preset]
         seq_len = self.seq_len or preset.seq_len
         steps = self.steps or preset.steps
-        objective = self.objective or ObjectiveConfig(seq_len=seq_len, max_span_tokens=min(64, seq_len // 2))
+        objective = self.objective or ObjectiveConfig(seq_len=seq_len, max_span_tokens=min(64, seq_len // 2),
+                                                      holes=self.holes)
         return replace(
             self,
             run_dir=Path(self.run_dir),

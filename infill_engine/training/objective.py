@@ -47,6 +47,8 @@ class ObjectiveConfig:
     suffix_share_max: float = 0.5  # the suffix budget is U(0, this) of the context room
     short_context_prob: float = 0.2  # otherwise the prefix gets the whole rest of the room
     window_chars: int = 4096  # text looked at around the hole's start when cutting a token-run hole
+    holes: int = 1  # holes per training window at most: each example draws 1..holes (1: one hole, as served)
+    min_context_tokens: int = 32  # a window of several holes keeps at least this much context, else it has one hole
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_span_tokens < self.seq_len:
@@ -62,6 +64,8 @@ class ObjectiveConfig:
             value = getattr(self, name)
             if not 0 <= value <= 1:
                 raise ValueError(f"{name} must be a probability in [0, 1] (got {value})")
+        if not isinstance(self.holes, int) or self.holes < 1:
+            raise ValueError(f"holes must be an integer >= 1 (got {self.holes!r})")
         if self.line_prob + self.block_prob > 1:
             raise ValueError("line_prob + block_prob must be at most 1 (the rest is token-run holes)")
 
@@ -93,17 +97,30 @@ class TrainingExample:
     input_ids: list[int]  # (T,)
     labels: list[int]  # (T,) target ids on the span, IGNORE_INDEX on prefix and suffix
     loss_weights: list[float]  # (T,) 1/t at masked positions, 1 at other span positions, 0 outside the span
-    canvas: Canvas  # where the span sits (from layout_canvas)
-    middle_length: int  # span positions holding the middle; the rest hold end-of-span targets
-    mask_rate: float  # t
+    canvas: Canvas  # where the (first) span sits (from layout_canvas)
+    middle_length: int  # span positions holding the (first) middle; the rest hold end-of-span targets
+    mask_rate: float  # t (of the first span)
     context: ContextConfig  # the budgets trim_context was called with
-    hole: Hole
+    hole: Hole  # the first hole
+    # [start, end) of every span, in order; one span unless the window has several holes
+    spans: tuple[tuple[int, int], ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.spans:
+            object.__setattr__(self, "spans", ((self.canvas.span_start, self.canvas.suffix_start),))
 
     @property
     def canvas_mask(self) -> list[bool]:
         """True at span positions."""
-        start, end = self.canvas.span_start, self.canvas.suffix_start
-        return [start <= i < end for i in range(len(self.input_ids))]
+        return [segment > 0 for segment in self.segments]
+
+    @property
+    def segments(self) -> list[int]:
+        """Per position: 0 in the context, k at the k-th span's positions (each span attends only to itself)."""
+        segments = [0] * len(self.input_ids)
+        for number, (start, end) in enumerate(self.spans, start=1):
+            segments[start:end] = [number] * (end - start)
+        return segments
 
 
 def span_tokens(tokenizer: Any) -> SpanTokens:
@@ -237,11 +254,7 @@ def build_example(
 ) -> TrainingExample:
     """Lay a hole out with the serving functions and corrupt its span."""
     middle_ids = tokenizer(hole.middle, add_special_tokens=False)["input_ids"][: config.max_span_tokens]
-    if rng.random() < config.full_span_prob:
-        span_length = config.max_span_tokens
-    else:
-        span_length = min(len(middle_ids) + rng.randint(0, config.max_extra_positions), config.max_span_tokens)
-    span_length = max(span_length, len(middle_ids), 1)
+    span_length = _span_length(middle_ids, rng, config)
     room = config.seq_len - span_length
     suffix_budget = int(room * rng.uniform(0.0, config.suffix_share_max))
     prefix_budget = room - suffix_budget
@@ -268,21 +281,90 @@ def build_example(
 def make_example(
     tokenizer: Any, document: str, rng: random.Random, tokens: SpanTokens, config: ObjectiveConfig
 ) -> TrainingExample:
-    """A training example from one document: cut a hole, lay it out as serving does, corrupt the span."""
+    """A training example from one document: cut a hole (or several), lay it out as serving does, corrupt the span."""
+    holes = rng.randint(1, config.holes) if config.holes > 1 else 1
+    if holes > 1:
+        example = build_multi_hole_example(tokenizer, document, holes, rng, tokens, config)
+        if example is not None:
+            return example
     return build_example(tokenizer, sample_hole(document, rng, tokenizer, config), rng, tokens, config)
+
+
+def _span_length(middle_ids: list[int], rng: random.Random, config: ObjectiveConfig) -> int:
+    """Span positions for a middle: its tokens and a few end-of-span positions (the whole span, sometimes)."""
+    if rng.random() < config.full_span_prob:
+        span_length = config.max_span_tokens
+    else:
+        span_length = min(len(middle_ids) + rng.randint(0, config.max_extra_positions), config.max_span_tokens)
+    return max(span_length, len(middle_ids), 1)
+
+
+def _line_cuts(text: str, parts: int) -> list[int]:
+    """Offsets that cut text into `parts` pieces of about equal length, each cut at a line start."""
+    cuts = [0]
+    for part in range(1, parts):
+        at = text.find("\n", part * len(text) // parts)
+        cuts.append(max(cuts[-1], at + 1 if at != -1 else len(text)))
+    return cuts + [len(text)]
+
+
+def build_multi_hole_example(
+    tokenizer: Any, document: str, holes: int, rng: random.Random, tokens: SpanTokens, config: ObjectiveConfig
+) -> TrainingExample | None:
+    """Several holes in one window: context | span 1 | context | span 2 | ... | context, each span corrupted alone.
+
+    The window is cut into `holes` runs of whole lines with a hole in each; the text before the first and after the
+    last hole is trimmed as serving trims a prefix and a suffix. None when the spans would leave less than
+    `min_context_tokens` of context (the caller then cuts one hole).
+    """
+    window = config.seq_len * 3  # characters: about the sequence length in tokens, at ~3.3 characters a token
+    start = _line_bounds(document, rng.randrange(len(document)))[0]
+    end = min(len(document), start + window)
+    cuts = _line_cuts(document[start:end], holes)
+    parts = [(start + a, start + b) for a, b in zip(cuts, cuts[1:]) if b > a]
+    if len(parts) < holes:
+        return None
+    cut = [sample_hole(document[a:b], rng, tokenizer, config) for a, b in parts]
+    middles = [tokenizer(h.middle, add_special_tokens=False)["input_ids"][: config.max_span_tokens] for h in cut]
+    span_lengths = [_span_length(m, rng, config) for m in middles]
+    # the context between two holes: the rest of one part and the start of the next, kept whole
+    between = [tokenizer(a.suffix + b.prefix, add_special_tokens=False)["input_ids"] for a, b in zip(cut, cut[1:])]
+    room = config.seq_len - sum(span_lengths) - sum(len(ids) for ids in between)
+    if room < config.min_context_tokens:
+        return None
+    suffix_budget = int(room * rng.uniform(0.0, config.suffix_share_max))
+    context = ContextConfig(prefix_tokens=room - suffix_budget, suffix_tokens=suffix_budget)
+    outer = trim_context(tokenizer, document[: parts[0][0]] + cut[0].prefix,
+                         cut[-1].suffix + document[parts[-1][1] :], context)
+    pieces = [outer.prefix_ids, *between, outer.suffix_ids]  # the context around and between the spans
+    input_ids, labels, weights = list(pieces[0]), [IGNORE_INDEX] * len(pieces[0]), [0.0] * len(pieces[0])
+    spans: list[tuple[int, int]] = []
+    rates: list[float] = []
+    for middle, length, after in zip(middles, span_lengths, pieces[1:]):
+        targets = list(middle) + [tokens.end_of_span_id] * (length - len(middle))
+        noisy, span_weights, t = corrupt_span(targets, rng, tokens, config)
+        spans.append((len(input_ids), len(input_ids) + length))
+        rates.append(t)
+        input_ids += noisy + list(after)
+        labels += targets + [IGNORE_INDEX] * len(after)
+        weights += span_weights + [0.0] * len(after)
+    first = layout_canvas(outer.prefix_ids, span_lengths[0], input_ids[spans[0][1] :])
+    return TrainingExample(
+        input_ids=input_ids, labels=labels, loss_weights=weights, canvas=first, middle_length=len(middles[0]),
+        mask_rate=rates[0], context=context, hole=cut[0], spans=tuple(spans),
+    )
 
 
 def next_token_targets(example: TrainingExample) -> list[int]:
     """Dense supervision's labels: each context token, read by the (shifted) output just before it.
 
-    Left out: position 0 (nothing before it) and the suffix's first token, whose shifted output is the last canvas
-    position's, which sees the suffix; span positions keep their masked-diffusion labels only.
+    Left out: position 0 (nothing before it) and the first token after each span, whose shifted output is the span's
+    last canvas position, which sees that token; span positions keep their masked-diffusion labels only.
     """
-    canvas, ids = example.canvas, example.input_ids
-    return [
-        ids[i] if 0 < i and not canvas.span_start <= i <= canvas.suffix_start else IGNORE_INDEX
-        for i in range(len(ids))
-    ]
+    ids, left_out = example.input_ids, {0}
+    for start, end in example.spans:
+        left_out.update(range(start, end + 1))
+    return [IGNORE_INDEX if i in left_out else ids[i] for i in range(len(ids))]
 
 
 def collate(examples: list[TrainingExample], pad_id: int, dense: bool = False) -> dict[str, torch.Tensor]:
@@ -296,14 +378,15 @@ def collate(examples: list[TrainingExample], pad_id: int, dense: bool = False) -
     labels = torch.full((batch, length), IGNORE_INDEX, dtype=torch.long)  # (B, T)
     loss_weights = torch.zeros((batch, length), dtype=torch.float32)  # (B, T)
     attention_mask = torch.zeros((batch, length), dtype=torch.bool)  # (B, T)
-    canvas_mask = torch.zeros((batch, length), dtype=torch.bool)  # (B, T)
+    canvas_segments = torch.zeros((batch, length), dtype=torch.long)  # (B, T) 0: context, k: the k-th span
     for row, example in enumerate(examples):
         n = len(example.input_ids)
         input_ids[row, :n] = torch.tensor(example.input_ids)
         labels[row, :n] = torch.tensor(example.labels)
         loss_weights[row, :n] = torch.tensor(example.loss_weights)
         attention_mask[row, :n] = True
-        canvas_mask[row, example.canvas.span_start : example.canvas.suffix_start] = True
+        canvas_segments[row, :n] = torch.tensor(example.segments)
+    canvas_mask = canvas_segments > 0  # (B, T)
     position_ids = torch.arange(length).expand(batch, length).clone()  # (B, T) serving's positions, see module doc
     if dense:
         next_token_labels = torch.full((batch, length), IGNORE_INDEX, dtype=torch.long)  # (B, T)
@@ -315,6 +398,7 @@ def collate(examples: list[TrainingExample], pad_id: int, dense: bool = False) -
         "position_ids": position_ids,
         "canvas_mask": canvas_mask,
         "attention_mask": attention_mask,
+        **({"canvas_segments": canvas_segments} if any(len(e.spans) > 1 for e in examples) else {}),
         "labels": labels,
         "loss_weights": loss_weights,
     }
