@@ -15,6 +15,7 @@ import math
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from infill_engine.training.checkpoints import (
     save_checkpoint,
 )
 from infill_engine.training.config import PRESETS, TrainConfig
+from infill_engine.training.corpus import Document
 from infill_engine.training.example_stream import ExampleStream
 from infill_engine.training.loss_log import LOG_FILE, append_log, truncate_log
 from infill_engine.training.objective import SpanTokens
@@ -245,7 +247,22 @@ def train(config: TrainConfig) -> TrainResult:
     if state.step >= config.steps:
         logger.info("%s is already at step %d of %d", run_dir, state.step, config.steps)
         return TrainResult(state.step, "already_done", checkpoint, state.eval_loss, None)
-    return _loop(config, model, tokenizer, optimizer, scheduler, stream, eval_batches, state, device, started)
+    batches = _batches(config, stream, train_docs, tokenizer, state.step, device)
+    return _loop(config, model, tokenizer, optimizer, scheduler, stream, batches, eval_batches, state, device,
+                 started)
+
+
+def _batches(
+    config: TrainConfig, stream: ExampleStream, documents: list[Document], tokenizer: Any, start_step: int,
+    device: torch.device,
+) -> Iterator[dict[str, torch.Tensor]]:
+    """The training batches: drawn from `stream` in this process, or built by `config.data_workers` processes."""
+    if config.data_workers == 0:
+        return iter(lambda: stream.batch(config.batch_size), None)
+    from infill_engine.training.batch_workers import worker_batches
+
+    return worker_batches(documents, tokenizer, config.objective, config.batch_size, config.seed, start_step,
+                          config.dense, config.data_workers, pin_memory=device.type == "cuda")
 
 
 def train_step(
@@ -289,6 +306,7 @@ def _loop(
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     stream: ExampleStream,
+    batches: Iterator[dict[str, torch.Tensor]],
     eval_batches: list[dict[str, torch.Tensor]],
     state: TrainerState,
     device: torch.device,
@@ -309,13 +327,15 @@ def _loop(
     )
     with _StopSignal() as stop, bar:
         while stopped_by is None:
-            batch = {k: v.to(device, non_blocking=True) for k, v in stream.batch(config.batch_size).items()}
+            batch = next(batches)
+            batch_tokens = int(batch["attention_mask"].sum())  # counted on the CPU copy: no device sync
+            batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
             loss, lr = train_step(
                 model, optimizer, scheduler, batch, device, config.grad_clip, config.next_token_weight
             )
             state.step += 1
-            session_tokens += int(batch["attention_mask"].sum())
-            state.tokens += int(batch["attention_mask"].sum())
+            session_tokens += batch_tokens
+            state.tokens += batch_tokens
             state.seconds = seconds_before + time.monotonic() - session_start
             tokens_per_second = session_tokens / max(time.monotonic() - session_start, 1e-9)
             window_losses.append(loss)
