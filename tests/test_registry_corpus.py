@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from infill_engine.training import package_licences as licences
 from infill_engine.training import registry_corpus as rc
 from infill_engine.training.corpus import build_corpus, read_corpus, write_corpus
-from infill_engine.training.registry_corpus import DeclaredLicence, Package, licence_mismatch, parse_package_list
+from infill_engine.training.package_licences import DeclaredLicence, Package, licence_mismatch, parse_package_list
 
 HEADER = "ecosystem\tname\tversion\tlicence\n"
 PYTHON_SOURCE = "def mean(values):\n    total = sum(values)\n    return total / len(values)\n"
@@ -65,7 +66,7 @@ def test_the_committed_list_is_valid_and_only_permissive() -> None:
     packages = rc.read_package_list()
     assert {p.ecosystem for p in packages} == {"pypi", "npm"}
     for package in packages:
-        rc.check_permissive(package.licence)
+        licences.check_permissive(package.licence)
 
 
 # --- the licence check --------------------------------------------------------------------------------------------
