@@ -124,7 +124,7 @@ def _train_config(args: argparse.Namespace, run_dir: Path, sources: tuple[str, .
         seq_len=args.seq_len, lr=args.lr, device=args.device, seed=args.seed,
         init_from=args.init_from, checkpoint_every=1_000_000, eval_every=args.eval_every,
         warmup_steps=min(WARMUP_STEPS, args.probe_steps * 2), num_threads=args.threads, progress=False,
-        data_workers=workers, dense=args.dense, **{"log_every": 10, **changes},
+        data_workers=workers, dense=args.dense, holes=args.holes, **{"log_every": 10, **changes},
     )
 
 
@@ -146,8 +146,11 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger().addHandler(handler)
     logging.getLogger("infill_engine.training").setLevel(logging.INFO)
 
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the batch workers are forked; each tokenizes alone
     bundle = Path(args.bundle)
     work = Path(args.work or tempfile.mkdtemp(prefix="diffill-gpu-"))
+    if args.init_from is not None and args.seq_len is None:  # a started model keeps the positions it was made for
+        args.seq_len = json.loads((Path(args.init_from) / "config.json").read_text())["max_position_embeddings"]
     summary: dict = {"minutes": args.minutes, "preset": args.preset, "dense": args.dense,
                      "init_from": str(args.init_from) if args.init_from else None}
     summary["wheels"] = use_wheels(bundle / "wheels", work / "site")
@@ -164,7 +167,9 @@ def run(args: argparse.Namespace) -> int:
     from infill_engine.training.train import count_parameters, train
 
     if torch.cuda.is_available():
-        logger.info("device %s, torch %s", torch.cuda.get_device_name(0), torch.__version__)
+        shm = shutil.disk_usage("/dev/shm").total / (1 << 30) if Path("/dev/shm").is_dir() else 0.0
+        logger.info("device %s, torch %s, %d CPUs, /dev/shm %.1f GiB (the batch workers pass batches through it)",
+                    torch.cuda.get_device_name(0), torch.__version__, os.cpu_count() or 0, shm)
         torch.backends.cuda.matmul.allow_tf32 = True
     train_deadline = deadline - args.reserve_seconds - 60 * args.eval_minutes
     # part 1: a probe of a few steps with a provisional schedule, to measure the speed
@@ -271,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     go.add_argument("--preset", default="gpu", help="model size and batch shape (default: gpu)")
     go.add_argument("--init-from", type=Path, help="start from this diffill model (default: a new model)")
     go.add_argument("--dense", action="store_true", help="dense supervision (see diffill train --dense)")
+    go.add_argument("--holes", type=int, default=1, help="holes per training window at most (see diffill train)")
     go.add_argument("--steps", type=int, help="the schedule's length (default: fitted to the time by the probe)")
     go.add_argument("--probe-steps", type=int, default=PROBE_STEPS, help="steps that measure the speed")
     go.add_argument("--batch-size", type=int)
