@@ -117,3 +117,17 @@ def test_run_trains_stops_exports_and_packs_a_servable_model(bundle: Path, tmp_p
     engine = open_engine(ModelSpec(path=str(result / "model"), device="cpu", threads=1))
     filled = engine.fill(InfillRequest("def add(a, b):\n    return ", "\n"))
     assert filled.candidates or filled.rejected  # the model denoised a span; the gate judged it
+
+
+def test_a_result_cut_into_parts_is_joined_back(tmp_path: Path) -> None:
+    from infill_engine.training.gpu_run import pack_result
+
+    source = tmp_path / "result"
+    (source / "model").mkdir(parents=True)
+    payload = bytes(range(256)) * 40
+    (source / "model" / "weights.bin").write_bytes(payload)
+    out = tmp_path / "out"
+    out.mkdir()
+    parts = pack_result(source, out, part_bytes=4096)
+    assert len(parts) > 2
+    assert (unpack_result(out, tmp_path / "back") / "model" / "weights.bin").read_bytes() == payload

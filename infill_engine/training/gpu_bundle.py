@@ -83,7 +83,7 @@ class BundleReport:
             ("working tree (git ls-files + untracked)", self.tree_bytes),
             (f"corpus shard ({self.documents} of {self.documents_in_run} documents, "
              f"{self.corpus_source_bytes / MIB:.1f} MiB as JSONL)", self.corpus_bytes),
-            (f"wheels ({', '.join(self.wheels) or 'none'})", self.wheel_bytes),
+            (f"wheels ({', '.join('-'.join(w.split('-')[:2]) for w in self.wheels) or 'none'})", self.wheel_bytes),
             ("manifest, bench file, bundle.json", self.other_bytes),
             ("total that travels", self.total_bytes),
             ("limit", self.limit_bytes),
