@@ -33,6 +33,10 @@ import tempfile
 import time
 import zipfile
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from infill_engine.training.train import TrainResult
 
 logger = logging.getLogger("infill_engine.training.gpu_run")
 
@@ -163,8 +167,7 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from infill_engine.training.config import PRESETS
-    from infill_engine.training.train import count_parameters, train
+    from infill_engine.training.train import count_parameters
 
     if torch.cuda.is_available():
         shm = shutil.disk_usage("/dev/shm").total / (1 << 30) if Path("/dev/shm").is_dir() else 0.0
@@ -172,6 +175,41 @@ def run(args: argparse.Namespace) -> int:
                     torch.cuda.get_device_name(0), torch.__version__, os.cpu_count() or 0, shm)
         torch.backends.cuda.matmul.allow_tf32 = True
     train_deadline = deadline - args.reserve_seconds - 60 * args.eval_minutes
+    result = train_until(args, run_dir, sources, train_deadline, summary)
+    summary.update(steps=result.step, stopped_by=result.stopped_by, eval_loss=result.eval_loss,
+                   tokens_per_second=result.tokens_per_second, trained_s=round(time.monotonic() - started, 1))
+    shutil.copyfile(run_dir / "train_log.csv", out / "train_log.csv")
+
+    from infill_engine.training.export import export_checkpoint
+
+    result_dir = work / "result"
+    result_dir.mkdir(exist_ok=True)
+    model_dir = export_checkpoint(result.checkpoint, result_dir / "model")
+    from transformers import AutoConfig
+
+    from infill_engine.diffill_model import DiffillForInfilling
+
+    summary["parameters"] = count_parameters(DiffillForInfilling(AutoConfig.from_pretrained(model_dir)))
+    summary["model_bytes"] = sum(p.stat().st_size for p in model_dir.iterdir())
+    summary["tokens"] = _last_tokens(out / "train_log.csv")
+    logger.info("exported %s (%d parameters, %.1f MB)", model_dir, summary["parameters"], summary["model_bytes"] / 1e6)
+    _write_summary(summary, out, result_dir)
+    parts = pack_result(result_dir, out)  # packed before the evaluation: a timed-out evaluation loses only itself
+    summary["parts"] = [p.name for p in parts]
+    if args.eval_problems and deadline - time.monotonic() > 20:
+        summary["eval"] = _evaluate(model_dir, bundle, out, args.eval_problems, deadline)
+    summary["total_s"] = round(time.monotonic() - started, 1)
+    _write_summary(summary, out, result_dir)
+    logger.info("done in %.0f s: %s", summary["total_s"], json.dumps(summary))
+    return 0
+
+
+def train_until(args: argparse.Namespace, run_dir: Path, sources: tuple[str, ...], train_deadline: float,
+                summary: dict) -> TrainResult:
+    """Train in two parts: a probe that measures seconds per step, then a resume whose schedule ends at the deadline."""
+    from infill_engine.training.config import PRESETS
+    from infill_engine.training.train import train
+
     # part 1: a probe of a few steps with a provisional schedule, to measure the speed
     placeholder = args.steps or PRESETS[args.preset].steps
     probe = _train_config(args, run_dir, sources, steps=max(placeholder, args.probe_steps + 1),
@@ -193,33 +231,7 @@ def run(args: argparse.Namespace) -> int:
         logger.info("resuming for %d steps in all (%.0f s left, %.0f s startup)", steps, left, overhead)
         result = train(_train_config(args, run_dir, sources, steps=steps, resume=True,
                                      time_limit_minutes=max(train_deadline - time.monotonic(), 1) / 60))
-    summary.update(steps=result.step, stopped_by=result.stopped_by, eval_loss=result.eval_loss,
-                   tokens_per_second=result.tokens_per_second, trained_s=round(time.monotonic() - started, 1))
-    shutil.copyfile(run_dir / "train_log.csv", out / "train_log.csv")
-
-    from infill_engine.training.export import export_checkpoint
-
-    result_dir = work / "result"
-    result_dir.mkdir(exist_ok=True)
-    model_dir = export_checkpoint(result.checkpoint, result_dir / "model")
-    from transformers import AutoConfig
-
-    import infill_engine.diffill_model  # noqa: F401  (registers the model type)
-    from infill_engine.diffill_model import DiffillForInfilling
-
-    summary["parameters"] = count_parameters(DiffillForInfilling(AutoConfig.from_pretrained(model_dir)))
-    summary["model_bytes"] = sum(p.stat().st_size for p in model_dir.iterdir())
-    summary["tokens"] = _last_tokens(out / "train_log.csv")
-    logger.info("exported %s (%d parameters, %.1f MB)", model_dir, summary["parameters"], summary["model_bytes"] / 1e6)
-    _write_summary(summary, out, result_dir)
-    parts = pack_result(result_dir, out)  # packed before the evaluation: a timed-out evaluation loses only itself
-    summary["parts"] = [p.name for p in parts]
-    if args.eval_problems and deadline - time.monotonic() > 20:
-        summary["eval"] = _evaluate(model_dir, bundle, out, args.eval_problems, deadline)
-    summary["total_s"] = round(time.monotonic() - started, 1)
-    _write_summary(summary, out, result_dir)
-    logger.info("done in %.0f s: %s", summary["total_s"], json.dumps(summary))
-    return 0
+    return result
 
 
 def _last_tokens(log_path: Path) -> int:
