@@ -9,9 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-# A token covers at least one character, and in code rarely more than this many; used to cut a long document down
-# to a window before tokenizing it, so that a 5 MB file costs no more than a small one.
+# A long document is cut down to a window before it is tokenized, so that a 5 MB file costs no more than a small one.
+# The window starts at this many characters per wanted token (code averages about 3.3) and grows 4x at a time while
+# it holds fewer tokens than wanted, up to MAX_CHARS_PER_TOKEN (a token rarely covers more characters than that).
+WINDOW_CHARS_PER_TOKEN = 8
 MAX_CHARS_PER_TOKEN = 32
+WINDOW_MARGIN_TOKENS = 16  # tokens beyond the budget, so the cut is far from the window's ragged edge
 
 
 @dataclass(frozen=True)
@@ -68,16 +71,40 @@ def _encode(tokenizer: Any, text: str) -> tuple[list[int], list[tuple[int, int]]
     return list(encoded["input_ids"]), [tuple(o) for o in encoded["offset_mapping"]]
 
 
+def _tail_window(tokenizer: Any, text: str, budget: int) -> tuple[str, list[int], list[tuple[int, int]]]:
+    """The end of `text` from a line start, tokenized: a margin more than `budget` tokens unless the text (or the widest
+    window) has fewer. Tokens far from a window's start do not depend on where it starts, so any such window cuts the
+    same as the whole text would."""
+    chars = budget * WINDOW_CHARS_PER_TOKEN
+    while True:
+        window_start = max(0, len(text) - chars)
+        if window_start > 0:
+            newline = text.find("\n", window_start)
+            window_start = newline + 1 if newline != -1 else window_start
+        window = text[window_start:]
+        ids, offsets = _encode(tokenizer, window)
+        if len(ids) > budget + WINDOW_MARGIN_TOKENS or window_start == 0 or chars >= budget * MAX_CHARS_PER_TOKEN:
+            return window, ids, offsets
+        chars = min(chars * 4, budget * MAX_CHARS_PER_TOKEN)
+
+
+def _head_window(tokenizer: Any, text: str, budget: int) -> tuple[str, list[int], list[tuple[int, int]]]:
+    """The start of `text`, tokenized: a margin more than `budget` tokens unless the text (or the widest window) has
+    fewer."""
+    chars = budget * WINDOW_CHARS_PER_TOKEN
+    while True:
+        window = text[: min(len(text), chars)]
+        ids, offsets = _encode(tokenizer, window)
+        if len(ids) > budget + WINDOW_MARGIN_TOKENS or len(window) == len(text) or chars >= budget * MAX_CHARS_PER_TOKEN:
+            return window, ids, offsets
+        chars = min(chars * 4, budget * MAX_CHARS_PER_TOKEN)
+
+
 def _keep_tail(tokenizer: Any, text: str, budget: int) -> tuple[list[int], int]:
     """The last whole lines of `text` that fit in `budget` tokens (the last line may be partial: it is the cursor's)."""
     if budget == 0 or not text:
         return [], 0
-    window_start = max(0, len(text) - budget * MAX_CHARS_PER_TOKEN)
-    if window_start > 0:
-        newline = text.find("\n", window_start)
-        window_start = newline + 1 if newline != -1 else window_start
-    window = text[window_start:]
-    ids, offsets = _encode(tokenizer, window)
+    window, ids, offsets = _tail_window(tokenizer, text, budget)
     if len(ids) <= budget:
         return ids, len(window)
     cut_char = offsets[len(ids) - budget][0]  # start of the first token we could keep
@@ -97,10 +124,8 @@ def _keep_head(tokenizer: Any, text: str, budget: int) -> tuple[list[int], int]:
     """The first whole lines of `text` that fit in `budget` tokens (the first line may be partial)."""
     if budget == 0 or not text:
         return [], 0
-    window_end = min(len(text), budget * MAX_CHARS_PER_TOKEN)
-    window = text[:window_end]
-    ids, offsets = _encode(tokenizer, window)
-    if len(ids) <= budget and window_end == len(text):
+    window, ids, offsets = _head_window(tokenizer, text, budget)
+    if len(ids) <= budget and len(window) == len(text):
         return ids, len(window)
     last_end = offsets[min(budget, len(ids)) - 1][1]  # end of the last token we could keep
     line_end = window.rfind("\n", 0, last_end)

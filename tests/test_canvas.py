@@ -58,3 +58,19 @@ def test_layout_places_the_span_between_prefix_and_suffix():
 def test_negative_budgets_are_rejected():
     with pytest.raises(ValueError, match="prefix_tokens must be"):
         ContextConfig(prefix_tokens=-1)
+
+
+def test_a_small_window_cuts_exactly_where_the_whole_text_would(tokenizer, monkeypatch):
+    """The window starts small and grows; what it keeps is what tokenizing the whole text would keep."""
+    import inspect
+    import textwrap as module
+
+    from infill_engine import canvas
+
+    source = inspect.getsource(module) + "\n" + "x = '" + "long line " * 400 + "'\n" + "\t\n" * 50
+    cursors = range(0, len(source), max(1, len(source) // 37))
+    budgets = (1, 7, 30, 120, 500)
+    narrow = [trim_context(tokenizer, source[:c], source[c:], ContextConfig(b, b)) for c in cursors for b in budgets]
+    monkeypatch.setattr(canvas, "WINDOW_CHARS_PER_TOKEN", canvas.MAX_CHARS_PER_TOKEN)  # the widest window at once
+    wide = [trim_context(tokenizer, source[:c], source[c:], ContextConfig(b, b)) for c in cursors for b in budgets]
+    assert narrow == wide
