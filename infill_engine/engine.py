@@ -16,6 +16,7 @@ import torch
 from infill_engine import syntax
 from infill_engine.adapters.base import Denoiser
 from infill_engine.canvas import ContextConfig, trim_context
+from infill_engine.growing_span import denoise_growing_span
 from infill_engine.interface import DEFAULT_GROW, DEFAULT_KEEP_ABOVE, EngineOptions, ModelInfo, ModelSpec
 from infill_engine.request import (  # noqa: F401 - the request types are part of this module's interface
     MAX_CANDIDATES,
@@ -45,6 +46,8 @@ class InfillEngine:
         self.context = context or ContextConfig()
         self.repair_rounds = repair_rounds
         self._defaults = (self.sampler, self.context)  # what `configure` starts from
+        # a model with DreamOn's expand/delete tokens fills a span that grows and shrinks; others a fixed canvas
+        self._fill_span = denoise_growing_span if denoiser.special.expand_id is not None else denoise_span
 
     @classmethod
     def load(
@@ -108,7 +111,7 @@ class InfillEngine:
                 trimmed = trim_context(
                     self.denoiser.tokenizer, request.prefix, request.suffix, self.context_budget(request.max_tokens)
                 )
-            span = denoise_span(
+            span = self._fill_span(
                 self.denoiser, trimmed.prefix_ids, trimmed.suffix_ids, request.max_tokens, config,
                 batch_size=request.candidates, stats=stats, on_step=on_step,
             )
@@ -341,13 +344,20 @@ class InfillEngine:
 
 
 def default_sampler_for(denoiser: Denoiser) -> SamplerConfig:
-    """Library defaults per family: DiffusionGemma's entropy-bound sampler, confidence thresholds elsewhere."""
+    """Library defaults per family (DiffusionGemma's entropy-bound sampler, confidence thresholds elsewhere), with
+    the recommended settings of a catalogued model (`infill_engine.catalogue`) on top."""
+    from infill_engine.catalogue import for_checkpoint
+
+    config = SamplerConfig()
     if denoiser.noise == "uniform":
-        return SamplerConfig(
+        config = SamplerConfig(
             steps=48, block_size=256, commit="entropy_bound", entropy_bound=0.1,
             temperature_start=0.8, temperature_end=0.4, stability_steps=1, confidence_threshold=0.005,
         )
-    return SamplerConfig()
+    known = for_checkpoint(str(denoiser.path))
+    if known is not None and known.settings is not None:
+        config = replace(config, **known.settings.sampler_fields())
+    return config
 
 
 def _ranked(candidates: list[Candidate], stats: FillStats, rewritten: int | None = None) -> InfillResult:

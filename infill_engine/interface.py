@@ -41,7 +41,7 @@ StepCallback = Callable[[Any], Any]  # called once per denoising step; returning
 class ModelSpec:
     """Which model an engine serves and how it is loaded; equal identities share a shared engine."""
 
-    path: str | None = None  # checkpoint directory; None: the embedded model
+    path: str | None = None  # checkpoint directory or hub id owner/name[@revision]; None: the embedded model
     family: str | None = None  # one of FAMILIES; None: read from config.json
     device: str = "auto"  # auto (CUDA when present, else CPU), cpu, cuda, cuda:N, mps
     dtype: str = "auto"  # one of DTYPES; auto: bfloat16/float16 on GPU, float32 on CPU
@@ -61,8 +61,13 @@ class ModelSpec:
 
     @property
     def resolved_path(self) -> str | None:
-        """The checkpoint directory with `~` expanded and made absolute; None for the embedded model."""
-        return None if self.path is None else str(Path(self.path).expanduser().resolve())
+        """The checkpoint directory with `~` expanded and made absolute, or the hub id with its revision as given
+        (two revisions are two models); None for the embedded model."""
+        from infill_engine.hub import parse_hub_id
+
+        if self.path is None:
+            return None
+        return self.path if parse_hub_id(self.path) else str(Path(self.path).expanduser().resolve())
 
     def identity(self) -> dict[str, Any]:
         """What makes two engines interchangeable (threads are not part of it)."""
@@ -120,8 +125,10 @@ class ModelInfo:
 
     @property
     def description(self) -> str:
-        """Short name for status bars: family and directory."""
-        return f"{self.family}:{Path(self.path).name}"
+        """Short name for status bars: family and directory (or hub id, for a model in the hub cache)."""
+        from infill_engine.hub import repo_id_of
+
+        return f"{self.family}:{repo_id_of(self.path) or Path(self.path).name}"
 
 
 @runtime_checkable
@@ -180,7 +187,7 @@ def open_engine(spec: ModelSpec, mode: str = "inprocess") -> Engine:
         raise OpenError(f"unknown engine mode {mode!r}; allowed: {', '.join(ENGINE_MODES)}")
     if spec.path is None and spec.factory is None and default_model_path() is None:
         raise NoModelError("this build of diffill ships no embedded model; set the `model.path` setting (or "
-                           "`--model PATH`) to a checkpoint directory")
+                           "`--model PATH`) to a checkpoint directory or a Hugging Face id (`diffill models`)")
     if mode != "inprocess":
         from infill_engine.service.launcher import SharedEngine
 
@@ -225,7 +232,9 @@ def half_the_cores() -> int:
 def add_model_options(parser: argparse.ArgumentParser, *, threads: str | None = None, factory: bool = False) -> None:
     """The model options of every subcommand that loads a model: `threads` is the --threads help, if it has one;
     `factory` adds --engine-factory (for the server and the shared engine, whose tests script the engine)."""
-    parser.add_argument("--model", metavar="PATH", help="model directory (default: the embedded model)")
+    parser.add_argument("--model", metavar="PATH|ID",
+                        help="model directory, or Hugging Face id OWNER/NAME[@REVISION] (fetched into the hub cache "
+                             "once; `diffill models` lists known ones) (default: the embedded model)")
     parser.add_argument("--family", choices=FAMILIES, help="override the family read from config.json")
     parser.add_argument("--device", default="auto", help=f"{DEVICES_HELP} (default: auto)")
     parser.add_argument("--dtype", default="auto", choices=DTYPES, help="(default: auto)")

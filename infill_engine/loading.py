@@ -105,6 +105,16 @@ def inspect_model(path: str | os.PathLike[str], family: str | None = None) -> Mo
     )
 
 
+def resolve_checkpoint(path: str) -> str:
+    """The local directory of a checkpoint directory or a hub id (downloaded into the hub cache if needed)."""
+    from infill_engine.hub import HubError, resolve_model_path
+
+    try:
+        return resolve_model_path(path)
+    except HubError as error:
+        raise ModelLoadError(str(error)) from None
+
+
 def load_denoiser(
     path: str | os.PathLike[str] | None = None,
     family: str | None = None,
@@ -112,9 +122,11 @@ def load_denoiser(
     dtype: str = "auto",
     trust_remote_code: bool = False,
 ) -> "Denoiser":
-    """Load a checkpoint directory (the shipped one when `path` is None) behind the adapter of its family."""
+    """Load a checkpoint directory or hub id (the shipped model when `path` is None) behind its family's adapter."""
     from infill_engine.device import choose_device, choose_dtype
 
+    if path is not None:
+        path = resolve_checkpoint(str(path))
     if path is None:
         path = default_model_path()
         if path is None:

@@ -21,6 +21,11 @@ END_OF_TEXT_TOKEN = "<|endoftext|>"
 MASK_TOKEN_NAMES = ("<|mdm_mask|>", MASK_TOKEN, "<mask>", "[MASK]")
 # Our own end-of-span token (diffill models are trained with it); other models end a span with their EOS.
 END_OF_SPAN_TOKEN_NAMES = (END_OF_SPAN_TOKEN,)
+# DreamOn's length-control tokens: a masked position predicted as expand becomes two masked positions, one
+# predicted as delete is removed (https://github.com/DreamLM/DreamOn). Ids come from the generation config
+# (expand_token_id, delete_token_id) or the tokenizer's vocabulary.
+EXPAND_TOKEN_NAMES = ("<|expand|>",)
+DELETE_TOKEN_NAMES = ("<|delete|>",)
 
 
 @dataclass(frozen=True)
@@ -34,6 +39,8 @@ class SpecialTokens:
     cls_id: int | None  # encoder MLMs wrap the sequence in [CLS] ... [SEP]
     sep_id: int | None
     ids_never_generated: tuple[int, ...]  # special ids the denoiser must never write into a span
+    expand_id: int | None = None  # DreamOn: this masked position becomes two; None for fixed-length models
+    delete_id: int | None = None  # DreamOn: this position is removed from the span
 
 
 def _vocab_id(tokenizer: Any, names: tuple[str, ...]) -> int | None:
@@ -89,6 +96,7 @@ def resolve_special_tokens(tokenizer: Any, config: Any, generation_config: Any =
         if token_id is not None:
             never.add(int(token_id))
     never -= set(end_ids)
+    expand_id, delete_id = _length_control_ids(tokenizer, generation_config)
     return SpecialTokens(
         mask_id=None if mask_id is None else int(mask_id),
         end_of_span_ids=end_ids,
@@ -96,5 +104,20 @@ def resolve_special_tokens(tokenizer: Any, config: Any, generation_config: Any =
         bos_id=None if bos_id is None else int(bos_id),
         cls_id=getattr(tokenizer, "cls_token_id", None),
         sep_id=getattr(tokenizer, "sep_token_id", None),
-        ids_never_generated=tuple(sorted(never)),
+        ids_never_generated=tuple(sorted((never | {i for i in (expand_id, delete_id) if i is not None}) - set(end_ids))),
+        expand_id=expand_id,
+        delete_id=delete_id,
     )
+
+
+def _length_control_ids(tokenizer: Any, generation_config: Any) -> tuple[int | None, int | None]:
+    """DreamOn's expand and delete ids (both, or neither): from the generation config, else the vocabulary."""
+    expand = getattr(generation_config, "expand_token_id", None) if generation_config is not None else None
+    delete = getattr(generation_config, "delete_token_id", None) if generation_config is not None else None
+    if expand is None:
+        expand = _vocab_id(tokenizer, EXPAND_TOKEN_NAMES)
+    if delete is None:
+        delete = _vocab_id(tokenizer, DELETE_TOKEN_NAMES)
+    if expand is None or delete is None:
+        return None, None
+    return int(expand), int(delete)

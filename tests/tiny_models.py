@@ -137,8 +137,9 @@ def build_bert(directory: Path, seed: int = 0) -> Path:
     return _save(BertForMaskedLM(config), tokenizer, directory)
 
 
-def build_remote_code(directory: Path, family: str, seed: int = 0) -> Path:
-    """A Dream- or LLaDA-style checkpoint whose modelling code ships in the directory (auto_map)."""
+def build_remote_code(directory: Path, family: str, seed: int = 0, extra_tokens: tuple[str, ...] = ()) -> Path:
+    """A Dream- or LLaDA-style checkpoint whose modelling code ships in the directory (auto_map); `extra_tokens`
+    are added as special tokens (DreamOn's <|expand|> and <|delete|>)."""
     from tests.remote_code.modeling_tiny_masked import (
         TinyDreamConfig,
         TinyDreamModel,
@@ -147,7 +148,8 @@ def build_remote_code(directory: Path, family: str, seed: int = 0) -> Path:
     )
 
     if family == "dream":
-        tokenizer = build_tokenizer({"eos": "<|endoftext|>", "pad": "<|endoftext|>", "mask": "<|mask|>"})
+        tokenizer = build_tokenizer({"eos": "<|endoftext|>", "pad": "<|endoftext|>", "mask": "<|mask|>",
+                                     **{f"extra_{i}": token for i, token in enumerate(extra_tokens)}})
         config_class, model_class = TinyDreamConfig, TinyDreamModel
     else:
         tokenizer = build_tokenizer({"eos": "<|eot_id|>", "pad": "<|eot_id|>", "bos": "<|startoftext|>",
