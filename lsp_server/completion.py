@@ -91,8 +91,9 @@ def fill_job(
     settings: Settings,
     others: list[tuple[str, str]],
     ticket: Ticket,
+    candidates: int = 1,
 ) -> FillOutcome:
-    """On the model thread: fill at the cursor and keep the tidied fills that pass the gate."""
+    """On the model thread: fill at the cursor with `candidates` canvases and keep the tidied fills that pass."""
     around = cursor.around
     max_tokens = settings.completion.max_tokens if around.multiline else settings.completion.line_tokens
     extra = ""
@@ -101,7 +102,7 @@ def fill_job(
         extra = as_comments(chunks, language, around.newline)
     request = InfillRequest(
         prefix=extra + cursor.prefix, suffix=cursor.suffix, language=language, max_tokens=max_tokens,
-        candidates=settings.completion.candidates, single_line=not around.multiline,
+        candidates=candidates, single_line=not around.multiline,
     )
     try:
         result = engine.fill(request, on_step=ticket.on_step, document=ticket.key)
@@ -121,8 +122,14 @@ class Completer:
         self.ls = ls
         self._running: dict[str, _Computation] = {}  # by uri
 
-    async def suggest(self, document: Snapshot, position: types.Position, method: str) -> Suggestions | None:
-        """Suggestions at `position`, or None (the `diffill/status` notification says why)."""
+    async def suggest(
+        self, document: Snapshot, position: types.Position, method: str, asked: bool = True
+    ) -> Suggestions | None:
+        """Suggestions at `position`, or None (the `diffill/status` notification says why).
+
+        `asked`: the user asked for suggestions (completion items, or ghost text invoked by a key), which get
+        `completion.candidates` canvases; ghost text while typing gets `completion.automaticCandidates`.
+        """
         ls, settings = self.ls, self.ls.settings
         report = status.Report(method, document.uri)
         index = conversion.line_index(document.text)
@@ -135,14 +142,15 @@ class Completer:
         word = _WORD.search(cursor.around.line_before).group()  # type: ignore[union-attr]
         word_range = index.range_of(offset - len(word), offset, ls.encoding)
         found = _Found(cursor, index.position_at(offset, ls.encoding), word_range, word)
-        key = CacheKey.of(cursor, document.language or "")
+        candidates = settings.completion.candidates if asked else settings.completion.automatic_candidates
+        key = CacheKey.of(cursor, f"{document.language or ''}:{candidates}")
         cached = ls.cache.lookup(key)
         if cached:
             report.cache_hit = True
             return self._done(report, "cache", found.suggestions(cached))
         if not ls.host.ready:
             return self._done(report, "not_ready")
-        computation = self._join_or_start(document, cursor, settings)
+        computation = self._join_or_start(document, cursor, settings, candidates)
         computation.waiters += 1
         try:
             outcome = await asyncio.shield(computation.task)
@@ -164,15 +172,15 @@ class Completer:
             return self._done(report, "empty", ticket=computation.ticket)
         return self._done(report, "ok", found.suggestions(outcome.texts), ticket=computation.ticket)
 
-    def _join_or_start(self, document: Snapshot, cursor: Cursor, settings: Settings) -> _Computation:
+    def _join_or_start(self, document: Snapshot, cursor: Cursor, settings: Settings, candidates: int) -> _Computation:
         """The running computation for this exact request, or a new one that supersedes the document's last."""
-        key = (document.uri, document.version, cursor.offset)
+        key = (document.uri, document.version, cursor.offset, candidates)
         running = self._running.get(document.uri)
         if running is not None and running.key == key and not running.task.done() and not running.ticket.cancelled:
             return running
         ticket = self.ls.scheduler.issue(document.uri, FILL, document.version)
         others = self.ls.other_documents(document.uri) if settings.context.other_documents else []
-        task = asyncio.ensure_future(self._compute(ticket, cursor, document.language, settings, others))
+        task = asyncio.ensure_future(self._compute(ticket, cursor, document.language, settings, others, candidates))
         computation = _Computation(key, ticket, task)
         self._running[document.uri] = computation
         task.add_done_callback(lambda _: self._forget(computation))
@@ -184,14 +192,16 @@ class Completer:
         self.ls.scheduler.finish(computation.ticket)
 
     async def _compute(
-        self, ticket: Ticket, cursor: Cursor, language: str | None, settings: Settings, others: list[tuple[str, str]]
+        self, ticket: Ticket, cursor: Cursor, language: str | None, settings: Settings, others: list[tuple[str, str]],
+        candidates: int,
     ) -> FillOutcome | None:
         """Debounce, then fill on the model thread; None when superseded or cancelled first."""
         if settings.completion.debounce_ms:
             await asyncio.sleep(settings.completion.debounce_ms / 1000)
         if ticket.cancelled:
             return None
-        job = partial(fill_job, cursor=cursor, language=language, settings=settings, others=others, ticket=ticket)
+        job = partial(fill_job, cursor=cursor, language=language, settings=settings, others=others, ticket=ticket,
+                      candidates=candidates)
         return await self.ls.host.run(job, ticket)
 
     def _done(

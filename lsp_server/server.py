@@ -249,7 +249,8 @@ async def inline_completion(
 ) -> types.InlineCompletionList | None:
     document = ls.snapshot(params.text_document.uri)
     method = types.TEXT_DOCUMENT_INLINE_COMPLETION
-    found = await ls.completer.suggest(document, params.position, method) if document else None
+    asked = params.context is not None and params.context.trigger_kind == types.InlineCompletionTriggerKind.Invoked
+    found = await ls.completer.suggest(document, params.position, method, asked) if document else None
     return inline_completion_list(found.texts, found.position) if found else None
 
 

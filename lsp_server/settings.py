@@ -119,7 +119,8 @@ class CompletionSettings:
     """Ghost text (`textDocument/inlineCompletion`) and completion items (`textDocument/completion`)."""
 
     enabled: bool = _setting(True, _boolean)
-    candidates: int = _setting(2, _integer(1, MAX_CANDIDATES))  # canvases denoised together; each passing is an item
+    candidates: int = _setting(2, _integer(1, MAX_CANDIDATES))  # canvases when asked for (Invoked, completion items)
+    automatic_candidates: int = _setting(1, _integer(1, MAX_CANDIDATES))  # canvases for ghost text while typing
     max_tokens: int = _setting(64, _integer(1, MAX_SPAN_TOKENS))  # span positions at a line end or in an empty block
     line_tokens: int = _setting(24, _integer(1, MAX_SPAN_TOKENS))  # span positions when the cursor is mid-line
     debounce_ms: int = _setting(50, _integer(0, 5000))  # wait this long; a newer request in the meantime wins

@@ -113,9 +113,12 @@ def close_document(client: LanguageClient, uri: str) -> None:
     client.text_document_did_close(types.DidCloseTextDocumentParams(types.TextDocumentIdentifier(uri=uri)))
 
 
-async def inline(client: LanguageClient, uri: str, line: int, character: int) -> types.InlineCompletionList | None:
+async def inline(client: LanguageClient, uri: str, line: int, character: int,
+                 invoked: bool = False) -> types.InlineCompletionList | None:
+    """Ghost text at a position, as typing asks for it (or as a key that invokes it, with `invoked`)."""
+    kind = types.InlineCompletionTriggerKind.Invoked if invoked else types.InlineCompletionTriggerKind.Automatic
     params = types.InlineCompletionParams(
-        context=types.InlineCompletionContext(trigger_kind=types.InlineCompletionTriggerKind.Automatic),
+        context=types.InlineCompletionContext(trigger_kind=kind),
         text_document=types.TextDocumentIdentifier(uri=uri), position=types.Position(line=line, character=character))
     return await asyncio.wait_for(client.text_document_inline_completion_async(params), WAIT)
 
