@@ -47,7 +47,8 @@ M.defaults = {
     },
     completion = {
       enabled = true,
-      candidates = 2, -- canvases denoised together; each passing one is a suggestion
+      candidates = 2, -- canvases when asked for (completion items, invoked ghost text); each passing one is a suggestion
+      automaticCandidates = 1, -- canvases for ghost text while typing (the plugin's requests are all automatic)
       maxTokens = 64, -- span positions at a line end or in an empty block
       lineTokens = 24, -- span positions when the cursor is mid-line
       debounceMs = 50, -- the server waits this long; a newer request in the meantime wins
