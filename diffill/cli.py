@@ -22,6 +22,7 @@ COMMANDS = {
     "serve": "lsp_server.cli",
     "engine": "infill_engine.service.command",
     "doctor": "infill_engine.commands.doctor",
+    "models": "infill_engine.commands.models",
     "bench": "infill_engine.commands.bench",
     "eval": "infill_engine.commands.evaluate",
     "train": "infill_engine.training.cli",

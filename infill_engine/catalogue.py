@@ -110,15 +110,15 @@ MODELS: tuple[CatalogueModel, ...] = (
     ),
     CatalogueModel(
         key="dreamon-7b", name="DreamOn 7B", hub_id="Dream-org/DreamOn-v0-7B", family="dream",
-        licence=None, parameters=None,
+        licence=None, parameters=7.6,
         settings=Settings(steps=128, block_size=64, commit="threshold",
                           extra={"order": "entropy", "threshold": 1.0, "temperature_start": 0.1,
                                  "temperature_end": 0.1},
                           source=DREAMON_EVAL),
-        sources={"hub_id": DREAMON_README},
+        sources={"hub_id": DREAMON_README, "parameters": "https://arxiv.org/html/2602.01326v1"},
         notes="variable-length infilling: <|expand|>/<|delete|> grow and shrink the span (diffill's growing-span "
-              "sampler); starts from 4 masks, at most 64 tokens, one token per step; built on Dream-Coder-7B "
-              "(https://arxiv.org/html/2602.01326v1); remote code",
+              "sampler); starts from 4 masks, at most 64 tokens, one token per step; parameters: Dream-Coder-7B's "
+              "(the paper builds on it with no architectural change); remote code",
     ),
     CatalogueModel(
         key="llada-8b", name="LLaDA 8B Base", hub_id="GSAI-ML/LLaDA-8B-Base", family="llada",

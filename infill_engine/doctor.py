@@ -36,6 +36,8 @@ def diagnose(
 
     path = model or default_model_path()
     report["model"] = {"ok": False, "path": str(path) if path else "(none: no --model and no embedded model)"}
+    if model is not None and not _hub_model(model, device, report):
+        path = None  # a hub id that is not downloaded: judged by its catalogue entry, nothing is fetched
     if path is not None:
         try:
             info = inspect_model(path, family)
@@ -67,3 +69,22 @@ def diagnose(
             grammars["ok"] = False
     report["grammars"] = grammars
     return report
+
+
+def _hub_model(model: str, device: str, report: dict[str, dict[str, Any]]) -> bool:
+    """For a hub id: the `fit` section when the catalogue knows it; whether it is cached (so it may be loaded)."""
+    from infill_engine.catalogue import find
+    from infill_engine.fit import fit_verdict, gpu_gib, ram_gib
+    from infill_engine.hub import cached_snapshot, fetch_command, parse_hub_id
+
+    hub_id = parse_hub_id(model)
+    if hub_id is None:
+        return True
+    known = find(model)
+    if known is not None:
+        report["fit"] = fit_verdict(known, ram_gib(), gpu_gib() if device != "cpu" else None)
+    if cached_snapshot(hub_id) is not None:
+        return True
+    report["model"].update(ok=True, cached=False, catalogued=known is not None,
+                           note=f"not downloaded (nothing was fetched); `{fetch_command(hub_id)}` fetches it")
+    return False
