@@ -13,7 +13,8 @@ document changed meanwhile; a result for an old version is never returned), disa
 (a position or range outside the document).
 
 Model loading is reported as work-done progress (begin "Loading model", end "Model ready" or the reason it failed)
-when the client supports server-initiated progress.
+when the client supports server-initiated progress; a Hugging Face model that is not cached yet is downloaded first,
+with a report per percent ("Downloading owner/name: 1.20 of 14.20 GiB").
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ async def load_with_progress(ls: DiffillServer) -> None:
             token = None
     if token is not None:
         ls.work_done_progress.begin(token, types.WorkDoneProgressBegin(title="diffill", message="Loading model"))
-    await ls.host.load(ls.settings)
+    await ls.host.load(ls.settings, _download_reporter(ls, token))
     if token is not None:
         message = "Model ready" if ls.host.ready else f"No model: {ls.host.message}"
         ls.work_done_progress.end(token, types.WorkDoneProgressEnd(message=message))
@@ -96,6 +97,25 @@ async def load_with_progress(ls: DiffillServer) -> None:
         ls.window_log_message(types.LogMessageParams(types.MessageType.Info, message))
     else:
         ls.show(f"diffill: no suggestions until a model loads: {ls.host.message}", types.MessageType.Warning)
+
+
+def _download_reporter(ls: DiffillServer, token: str | None) -> Any:
+    """A callback for the model thread that reports a hub download as `$/progress` (None without a token)."""
+    if token is None:
+        return None
+    loop = asyncio.get_running_loop()
+    last = [-1]
+
+    def report(what: str, done: float, total: float | None) -> None:
+        percentage = int(100 * done / total) if total else None
+        if percentage is not None and percentage == last[0]:
+            return  # one report per percent
+        last[0] = percentage if percentage is not None else last[0]
+        message = f"{what}: {done / 2**30:.2f}" + (f" of {total / 2**30:.2f} GiB" if total else " GiB")
+        params = types.WorkDoneProgressReport(message=message, percentage=percentage)
+        loop.call_soon_threadsafe(ls.work_done_progress.report, token, params)
+
+    return report
 
 
 _MESSAGE_TYPES = {logging.ERROR: types.MessageType.Error, logging.WARNING: types.MessageType.Warning}

@@ -85,8 +85,10 @@ class ModelHost:
         """Whether fills can run."""
         return self.state == READY and self.engine is not None
 
-    async def load(self, settings: Settings) -> None:
-        """Open the engine the settings name (in the background); sets `state` and `message`."""
+    async def load(self, settings: Settings, on_download: Callable[[str, float, float | None], None] | None = None
+                   ) -> None:
+        """Open the engine the settings name (in the background); sets `state` and `message`. A hub id that is not
+        in the cache is downloaded first, reporting to `on_download(what, done, total)` from the model thread."""
         self.generation += 1
         generation = self.generation
         if self.engine is not None:
@@ -94,7 +96,7 @@ class ModelHost:
         self.state, self.message, self.engine = LOADING, "", None
         loop = asyncio.get_running_loop()
         try:
-            engine, state, message = await loop.run_in_executor(self._thread, self._open, settings)
+            engine, state, message = await loop.run_in_executor(self._thread, self._open, settings, on_download)
         except Exception as error:
             logger.exception("loading the model failed")
             engine, state, message = None, FAILED, f"{type(error).__name__}: {error}"
@@ -106,15 +108,19 @@ class ModelHost:
         if engine is not None:
             self.description = engine.describe().description
 
-    def _open(self, settings: Settings) -> tuple[Engine | None, str, str]:
+    def _open(self, settings: Settings, on_download: Callable[[str, float, float | None], None] | None = None
+              ) -> tuple[Engine | None, str, str]:
         """On the model thread: open the engine of the settings' model and mode, or say why there is none."""
+        from infill_engine.hub import HubError, resolve_model_path
         from infill_engine.interface import NoModelError, OpenError, open_engine
 
         try:
+            if settings.model.path and self.engine_factory is None:  # fetch a hub model here, with progress
+                resolve_model_path(settings.model.path, on_download)
             engine = open_engine(settings.model.spec(self.engine_factory), settings.engine.mode)
         except NoModelError as error:
             return None, NO_MODEL, str(error)
-        except OpenError as error:
+        except (OpenError, HubError) as error:
             return None, FAILED, str(error)
         engine.configure(settings.engine_options())
         info = engine.describe()
