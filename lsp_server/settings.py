@@ -90,7 +90,7 @@ def _setting(default: Any, check: Check) -> Any:
 class ModelSettings:
     """Which checkpoint to load and where it runs."""
 
-    path: str | None = _setting(None, _optional(_text))  # checkpoint directory; None: the embedded model
+    path: str | None = _setting(None, _optional(_text))  # directory or hub id owner/name[@rev]; None: embedded
     family: str | None = _setting(None, _optional(_choice(*FAMILIES)))  # None: read from config.json
     device: str = _setting("auto", _device)  # auto: CUDA when present, else CPU
     dtype: str = _setting("auto", _choice(*DTYPES))  # auto: bfloat16/float16 on GPU, float32 on CPU
