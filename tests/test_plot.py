@@ -49,3 +49,29 @@ def test_a_run_directory_becomes_a_png_beside_its_log(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib", reason="the plot extra (matplotlib) is not installed")
     assert main([str(_run_dir(tmp_path)), "--title", "tiny"]) == 0
     assert (tmp_path / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_runs_are_compared_on_one_plot_with_pass_at_1_points(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib", reason="the plot extra (matplotlib) is not installed")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    first, second = _run_dir(tmp_path / "a"), _run_dir(tmp_path / "b")
+    png = tmp_path / "compare.png"
+    argv = ["--compare", f"span={first}", f"dense={second / LOG_FILE}", str(png),
+            "--pass-at-1", "dense:0.02:3.5", "--reference", "shipped:3.3:1.8"]
+    assert main(argv) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--compare", "span", "out.png"], "expected LABEL=..."),
+    (["--compare", "span=/nowhere", "out.png"], "no loss log at /nowhere"),
+    (["--compare", "out.png"], "needs at least one LABEL=RUN"),
+    (["--compare", "span=RUN", "out.png", "--pass-at-1", "dense"], "expected LABEL:..."),
+])
+def test_a_bad_comparison_is_a_usage_error(argv, message, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    if "span=RUN" in argv:
+        argv = [a.replace("RUN", str(_run_dir(tmp_path))) for a in argv]
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err

@@ -1,9 +1,13 @@
 """The loss curve of a training run as a PNG, as in the model card (needs matplotlib: the extra `diffill[plot]`).
 
     python -m infill_engine.training.plot runs/NAME [loss.png] [--title TITLE]
+    python -m infill_engine.training.plot --compare span=runs/A dense=runs/B compare.png \
+        [--pass-at-1 dense:1.6:3.2 ...] [--reference shipped:3.32:1.84]
 
-The first argument is a run directory or a loss log (`train_log.csv`, or a copy such as docs/train-log-embedded.csv);
-the picture is written beside the log as `loss.png` unless a path is given.
+The first form draws one run (a run directory or a loss log such as docs/train-log-embedded.csv; the picture goes
+beside the log as `loss.png` unless a path is given). `--compare` draws the held-out loss of several runs against
+their training tokens on one plot, with pass@1 points (LABEL:MILLION_TOKENS:PASS) on a second axis, so objectives
+are compared at equal tokens; `--reference NAME:LOSS:PASS` draws a starting model's held-out loss and pass@1 as lines.
 """
 
 from __future__ import annotations
@@ -62,13 +66,69 @@ def plot_loss(log_path: str | os.PathLike[str], png_path: str | os.PathLike[str]
     plt.close(figure)
 
 
+def plot_comparison(
+    logs: dict[str, Path], png_path: str | os.PathLike[str], pass_at_1: dict[str, list[tuple[float, float]]],
+    reference: tuple[str, float, float] | None = None, title: str = "",
+) -> None:
+    """Held-out loss of several runs against training tokens, pass@1 points on a second axis."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colours = ["#c52", "#25a", "#393", "#a3a", "#888"]
+    figure, axis = plt.subplots(figsize=(7, 4), dpi=110)
+    right = axis.twinx()
+    for index, (label, log) in enumerate(logs.items()):
+        colour = colours[index % len(colours)]
+        evals = [(r["tokens"] / 1e6, r["eval_loss"]) for r in read_log(log) if r["eval_loss"] is not None]
+        axis.plot([e[0] for e in evals], [e[1] for e in evals], "o-", color=colour, markersize=3,
+                  label=f"{label}: held-out span loss")
+        points = pass_at_1.get(label, [])
+        if points:
+            right.plot([p[0] for p in points], [p[1] for p in points], "D--", color=colour, markersize=5,
+                       label=f"{label}: pass@1 (%)")
+    if reference is not None:
+        name, loss, score = reference
+        axis.axhline(loss, color="#555", linestyle=":", linewidth=1, label=f"{name}: held-out span loss")
+        right.axhline(score, color="#555", linestyle="-.", linewidth=1, label=f"{name}: pass@1 (%)")
+    axis.set_xlabel("training tokens (millions)")
+    axis.set_ylabel("held-out span loss (nats, 1/t-weighted)")
+    right.set_ylabel("HumanEval single-line pass@1 (%)")
+    axis.grid(alpha=0.3)
+    axis.legend(loc="upper left", fontsize=7)
+    right.legend(loc="upper right", fontsize=7)
+    axis.set_title(title or "objectives at equal training tokens")
+    figure.tight_layout()
+    figure.savefig(png_path)
+    plt.close(figure)
+
+
+def _labelled(value: str, separator: str) -> tuple[str, list[str]]:
+    """LABEL=REST or LABEL:A:B split at `separator`; ValueError naming the expected form."""
+    label, _, rest = value.partition(separator)
+    if not label or not rest:
+        raise ValueError(f"expected LABEL{separator}..., got {value!r}")
+    return label, rest.split(":")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Plot a run's loss log; 2 (with a message) when the log is missing or matplotlib is not installed."""
     parser = argparse.ArgumentParser(prog="python -m infill_engine.training.plot", description=__doc__.split("\n")[0])
-    parser.add_argument("log", type=Path, help="a run directory or its train_log.csv")
+    parser.add_argument("log", type=Path, nargs="?", help="a run directory or its train_log.csv")
     parser.add_argument("png", type=Path, nargs="?", help="where the picture goes (default: loss.png beside the log)")
     parser.add_argument("--title", default="", help="the plot's title (default: the log's directory name)")
+    parser.add_argument("--compare", nargs="+", metavar="LABEL=RUN", help="runs to compare, then the PNG path")
+    parser.add_argument("--pass-at-1", action="append", default=[], metavar="LABEL:MTOKENS:PASS",
+                        help="a pass@1 point of a compared run (repeatable)")
+    parser.add_argument("--reference", metavar="NAME:LOSS:PASS", help="a starting model's held-out loss and pass@1")
+    if argv is None:
+        argv = sys.argv[1:]
+    if "--compare" in argv:
+        return _compare(parser, argv)
     args = parser.parse_args(argv)
+    if args.log is None:
+        parser.error("name a run directory or a loss log")
     log = args.log / LOG_FILE if args.log.is_dir() else args.log
     if not log.is_file():
         parser.error(f"no loss log at {log}")
@@ -78,6 +138,37 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("plotting needs matplotlib: pip install 'diffill[plot]' (or pip install matplotlib)")
     png = args.png or log.with_name("loss.png")
     plot_loss(log, png, args.title)
+    print(png)
+    return 0
+
+
+def _compare(parser: argparse.ArgumentParser, argv: list[str]) -> int:
+    """The --compare form: LABEL=RUN ... PNG."""
+    args = parser.parse_args(argv)
+    if args.log is not None:
+        parser.error("--compare takes its runs and the PNG path after it, and no run before it")
+    *runs, png = args.compare
+    try:
+        logs = {}
+        for run in runs:
+            label, (path,) = _labelled(run, "=")
+            log = Path(path) / LOG_FILE if Path(path).is_dir() else Path(path)
+            if not log.is_file():
+                raise ValueError(f"no loss log at {log}")
+            logs[label] = log
+        points: dict[str, list[tuple[float, float]]] = {}
+        for point in args.pass_at_1:
+            label, (tokens, score) = _labelled(point, ":")
+            points.setdefault(label, []).append((float(tokens), float(score)))
+        reference = None
+        if args.reference:
+            name, (loss, score) = _labelled(args.reference, ":")
+            reference = (name, float(loss), float(score))
+    except ValueError as error:
+        parser.error(str(error))
+    if not logs:
+        parser.error("--compare needs at least one LABEL=RUN before the PNG path")
+    plot_comparison(logs, png, points, reference, args.title)
     print(png)
     return 0
 
