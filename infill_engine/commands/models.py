@@ -79,7 +79,7 @@ def _size(value: float | None) -> str:
 def _score(scores: list[dict[str, Any]]) -> str:
     values = [s for s in scores if s["benchmark"].startswith("HumanEval-Infilling")]
     if not values:
-        return "none published"
+        return "unconfirmed"
     fixed = [s["value"] for s in values if "oracle" not in s["protocol"]]
     oracle = [s["value"] for s in values if "oracle" in s["protocol"]]
     return " ".join([f"{v:g}" for v in fixed] + [f"({v:g})" for v in oracle])
