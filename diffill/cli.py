@@ -23,7 +23,7 @@ COMMANDS = {
     "engine": "infill_engine.service.command",
     "doctor": "infill_engine.commands.doctor",
     "models": "infill_engine.commands.models",
-    "bench": "infill_engine.commands.bench",
+    "bench": "diffill.bench",
     "eval": "infill_engine.commands.evaluate",
     "train": "infill_engine.training.cli",
 }

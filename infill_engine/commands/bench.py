@@ -1,20 +1,22 @@
-"""`diffill bench spans|ghost`: what fills cost on this machine (benchmarks measure; tests never assert timings)."""
+"""The engine's kinds of `diffill bench` (spans, ghost): what fills cost on this machine.
+
+Benchmarks measure; tests never assert timings. `diffill.bench` puts these kinds beside the editor-side ones.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 
 from infill_engine.commands import UsageError, load_in_process
 from infill_engine.interface import add_model_options
 
-HELP = "measure what fills cost on this machine"
 THREADS_HELP = "torch threads (default: torch's)"
 
 
-def add_arguments(bench: argparse.ArgumentParser) -> None:
-    """The kinds of `diffill bench` and their options."""
-    kinds = bench.add_subparsers(dest="bench", required=True)
+def add_kinds(kinds: argparse._SubParsersAction) -> dict[str, Callable[[argparse.Namespace], int]]:
+    """Add the engine's benchmark kinds to `diffill bench`; kind name -> its run function."""
     spans = kinds.add_parser("spans", help="ms per denoising step and tokens per forward by span length")
     add_model_options(spans, threads=THREADS_HELP)
     spans.add_argument("--spans", type=int, nargs="+", default=[16, 64, 256], help="span lengths (default: 16 64 256)")
@@ -27,11 +29,7 @@ def add_arguments(bench: argparse.ArgumentParser) -> None:
     ghost.add_argument("--max-tokens", type=int, default=24, help="span positions (default 24, as mid-line)")
     ghost.add_argument("--candidates", type=int, default=1, help="canvases denoised together (default 1)")
     ghost.add_argument("--json", action="store_true", help="print JSON")
-
-
-def run(args: argparse.Namespace) -> int:
-    """Run the chosen benchmark and print its table (or JSON)."""
-    return run_ghost(args) if args.bench == "ghost" else run_spans(args)
+    return {"spans": run_spans, "ghost": run_ghost}
 
 
 def run_ghost(args: argparse.Namespace) -> int:

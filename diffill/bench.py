@@ -1,0 +1,30 @@
+"""`diffill bench KIND`: the engine's benchmarks and the editor-side ones under one command.
+
+Each side exports `add_kinds(subparsers) -> {kind: run}`; the engine's kinds live in `infill_engine.commands.bench`
+(it knows nothing of LSP), the ones that drive a language server would live in `lsp_server`. Benchmarks measure;
+tests never assert timings.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+from infill_engine.commands import bench as engine_bench
+
+HELP = "measure what fills cost on this machine"
+SIDES = (engine_bench,)  # modules with add_kinds(subparsers) -> {kind: run}
+
+
+def add_arguments(bench: argparse.ArgumentParser) -> None:
+    """The kinds of `diffill bench` and their options."""
+    kinds = bench.add_subparsers(dest="bench", required=True, metavar="KIND")
+    runners: dict[str, Callable[[argparse.Namespace], int]] = {}
+    for side in SIDES:
+        runners.update(side.add_kinds(kinds))
+    bench.set_defaults(bench_runners=runners)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the chosen benchmark and print its table (or JSON)."""
+    return args.bench_runners[args.bench](args)
