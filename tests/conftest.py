@@ -29,3 +29,18 @@ def tokenizer():
     return tiny_models.build_tokenizer(
         {"pad": PAD_TOKEN, "mask": MASK_TOKEN, "eos": END_OF_TEXT_TOKEN, "end_of_span": END_OF_SPAN_TOKEN}
     )
+
+
+# Fuzz tests (tests/**/test_fuzz_*.py): no deadline (a loaded machine must not fail them), no example database
+# written into the checkout, and DIFFILL_FUZZ_EXAMPLES=N raising every fuzz test's example count for a longer run.
+try:
+    from hypothesis import HealthCheck
+    from hypothesis import settings as _hypothesis_settings
+
+    _hypothesis_settings.register_profile(
+        "diffill", deadline=None, database=None, print_blob=True,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+    _hypothesis_settings.load_profile("diffill")
+except ImportError:  # hypothesis is in the `test` extra; without it only the fuzz tests are skipped
+    pass
