@@ -28,6 +28,7 @@ LINE_COMMENTS = {
     "c": "//", "cpp": "//", "java": "//",
 }
 SCAN_CHARS = 256 * 1024  # of each other document, at most
+_CONTROL = re.compile(r"[\x00-\x08\x0e-\x1f\x7f]")  # C0 controls other than tab and line breaks, and DEL
 
 
 @dataclass(frozen=True)
@@ -137,10 +138,13 @@ def as_comments(chunks: list[Chunk], language: str | None, newline: str = "\n") 
         return ""
     lines: list[str] = []
     for chunk in reversed(chunks):
-        name = chunk.uri.rsplit("/", 1)[-1]
+        # Every line break some language knows ends a comment (a lone \r, U+2028 in JavaScript), and tree-sitter
+        # takes control characters for errors even in a comment: either would put code or errors before the cursor.
+        name = " ".join(_CONTROL.sub(" ", chunk.uri.rsplit("/", 1)[-1]).splitlines())
         lines.append(f"{marker} from {name}:")
         # a trailing backslash would continue a C comment onto the next line: drop it
-        lines += [f"{marker} {line}".rstrip().rstrip("\\").rstrip() for line in chunk.text.split("\n")]
+        text = _CONTROL.sub(" ", chunk.text)
+        lines += [f"{marker} {line}".rstrip().rstrip("\\").rstrip() for line in text.splitlines() or [""]]
     return newline.join(lines) + newline
 
 
