@@ -71,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
             return run_fetch(args.fetch_corpus)
         except (OSError, ValueError) as error:
             raise UsageError(str(error)) from None
+    from infill_engine.training.checkpoints import CheckpointWriteError
     from infill_engine.training.config import TrainConfig
     from infill_engine.training.train import train  # torch loads here, not when the parser is built
 
@@ -102,6 +103,8 @@ def run(args: argparse.Namespace) -> int:
             data_workers=args.data_workers,
         )
         result = train(config)
+    except CheckpointWriteError as error:  # the disk is full: say so in one line; the run resumes later
+        raise UsageError(error.strerror) from None
     except (ValueError, FileNotFoundError) as error:
         raise UsageError(str(error)) from None
     return 130 if result.stopped_by == "signal" else 0

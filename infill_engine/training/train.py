@@ -26,10 +26,10 @@ from infill_engine.diffill_model import DiffillForInfilling
 from infill_engine.diffill_model.modeling_diffill import IGNORE_INDEX
 from infill_engine.training.checkpoints import (
     TrainerState,
-    latest_checkpoint,
     load_trainer_state,
     remove_partial_checkpoints,
     save_checkpoint,
+    usable_checkpoint,
 )
 from infill_engine.training.config import PRESETS, TrainConfig
 from infill_engine.training.corpus import Document
@@ -166,7 +166,7 @@ def _in_main_thread() -> bool:
 
 def _resume_choice(config: TrainConfig) -> Path | None:
     """The checkpoint to resume from, or None for a new run; raises ValueError when the request cannot be met."""
-    checkpoint = latest_checkpoint(config.run_dir)
+    checkpoint = usable_checkpoint(config.run_dir)  # a damaged newest one is moved aside for the one before
     if config.resume is True and checkpoint is None:
         raise ValueError(f"--resume: {config.run_dir} has no complete checkpoint to resume from")
     if config.resume is False and checkpoint is not None:
