@@ -571,3 +571,15 @@ def test_a_run_with_several_holes_trains(prepared_run: Path, source_dir: Path, t
     assert result.step == 2 and result.eval_loss is not None
     with pytest.raises(ValueError, match="holes"):
         ObjectiveConfig(holes=0)
+
+
+def test_corpus_token_counts_by_kind_match_tokenizing_each_file(tokenizer) -> None:
+    from infill_engine.training.tokenizer_training import chars_and_tokens
+
+    files = [("python", "def mean(values):\n    return sum(values) / len(values)\n"), ("other", "const x = 1;\n"),
+             ("python", "import os\n")] * 40  # more than one batch of 64
+    counts = chars_and_tokens(tokenizer, iter(files))
+    for kind in ("python", "other"):
+        texts = [text for group, text in files if group == kind]
+        tokens = sum(len(tokenizer(text, add_special_tokens=False)["input_ids"]) for text in texts)
+        assert counts[kind] == (sum(len(text) for text in texts), tokens)

@@ -34,7 +34,7 @@ from infill_engine.training.corpus import (
     write_manifest,
 )
 from infill_engine.training.objective import span_tokens
-from infill_engine.training.tokenizer_training import chars_per_token, train_tokenizer
+from infill_engine.training.tokenizer_training import chars_and_tokens, train_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -65,8 +65,10 @@ def prepare_run(config: TrainConfig) -> tuple[Corpus, Any]:
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     else:
         tokenizer = train_tokenizer((d.text for d in corpus.split("train")), vocab_size=config.vocab_size)
-    chars, tokens = chars_per_token(tokenizer, (d.text for d in corpus.documents))
-    py_chars, py_tokens = chars_per_token(tokenizer, (d.text for d in corpus.documents if d.path.endswith(".py")))
+    by_kind = chars_and_tokens(tokenizer, (("python" if d.path.endswith(".py") else "other", d.text)
+                                           for d in corpus.documents))
+    chars, tokens = (sum(counts) for counts in zip((0, 0), *by_kind.values()))
+    py_chars, py_tokens = by_kind.get("python", (0, 0))
     corpus.manifest.tokens = tokens
     corpus.manifest.chars_per_token_python = round(py_chars / py_tokens, 3) if py_tokens else None
     logger.info("corpus: %d tokens, %.2f characters per token (%.2f on Python)",

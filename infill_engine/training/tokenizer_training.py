@@ -62,22 +62,22 @@ def wrap_tokenizer(tokenizer: Tokenizer) -> PreTrainedTokenizerFast:
     return fast
 
 
-def chars_per_token(tokenizer: PreTrainedTokenizerFast, texts: Iterable[str]) -> tuple[int, int]:
-    """Total characters and total tokens of `texts` (their ratio is the tokenizer's compression)."""
-    chars = tokens = 0
-    batch: list[str] = []
+def chars_and_tokens(tokenizer: PreTrainedTokenizerFast, documents: Iterable[tuple[str, str]]) -> dict[str, tuple[int, int]]:
+    """Total characters and tokens of `(group, text)` pairs, by group, in one tokenizing pass over the texts."""
+    totals: dict[str, tuple[int, int]] = {}
+    batch: list[tuple[str, str]] = []
 
     def flush() -> None:
-        nonlocal chars, tokens
         if batch:
-            encoded = tokenizer(batch, add_special_tokens=False)["input_ids"]
-            chars += sum(len(t) for t in batch)
-            tokens += sum(len(ids) for ids in encoded)
+            encoded = tokenizer([text for _, text in batch], add_special_tokens=False)["input_ids"]
+            for (group, text), ids in zip(batch, encoded):
+                chars, tokens = totals.get(group, (0, 0))
+                totals[group] = (chars + len(text), tokens + len(ids))
             batch.clear()
 
-    for text in texts:
-        batch.append(text)
+    for group, text in documents:
+        batch.append((group, text))
         if len(batch) == 64:
             flush()
     flush()
-    return chars, tokens
+    return totals
