@@ -7,9 +7,11 @@ Completions run in a subprocess with a timeout and resource limits, as the bench
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -104,13 +106,47 @@ def spread_sample(problems: list[Problem], count: int) -> list[Problem]:
     return [problems[i * len(problems) // count] for i in range(count)]
 
 
-# Put first in the test program: the child caps its own memory and CPU time (no preexec_fn, which is unsafe when
-# tests run from several threads).
+TEST_FILE_BYTES = 16 << 20  # the largest file a test program may write
+# Put first in the test program: the child caps its own memory, CPU time and file size (no preexec_fn, which is
+# unsafe when tests run from several threads), and an audit hook refuses sockets, new processes, native code and
+# writes outside its temporary working directory. The hook is a guard against a wrong completion doing damage by
+# accident (as HumanEval's own reliability_guard is), not a wall against code written to escape it; the limits are
+# the kernel's, and where user namespaces are allowed the program also runs without a network (`unshare -rn`).
 SANDBOX_PRELUDE = (
-    "import resource\n"
+    "import os, resource, sys\n"
     f"resource.setrlimit(resource.RLIMIT_AS, ({TEST_MEMORY_BYTES}, {TEST_MEMORY_BYTES}))\n"
     f"resource.setrlimit(resource.RLIMIT_CPU, ({int(TEST_TIMEOUT_S)}, {int(TEST_TIMEOUT_S) + 1}))\n"
+    f"resource.setrlimit(resource.RLIMIT_FSIZE, ({TEST_FILE_BYTES}, {TEST_FILE_BYTES}))\n"
+    "def _sandbox(event, args, _home=os.getcwd() + os.sep, _write=os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND):\n"
+    "    if event.startswith(('socket.', 'subprocess.', 'os.exec', 'os.spawn', 'os.posix_spawn', 'os.fork',\n"
+    "                         'os.forkpty', 'os.system', 'os.kill', 'os.killpg', 'pty.', 'ctypes.', 'winreg.',\n"
+    "                         'webbrowser.', 'urllib.', 'http.', 'ftplib.', 'smtplib.')):\n"
+    "        raise PermissionError(f'the evaluation sandbox refuses {event}')\n"
+    "    writes = event in ('os.remove', 'os.rename', 'os.rmdir', 'os.mkdir', 'os.chmod', 'os.chown', 'os.link',\n"
+    "                       'os.symlink', 'os.truncate', 'os.utime', 'shutil.rmtree', 'shutil.move')\n"
+    "    if event == 'open' and isinstance(args[0], (str, bytes, os.PathLike)):\n"
+    "        mode, flags = args[1] or 'r', args[2] or 0\n"
+    "        writes = any(c in str(mode) for c in 'wax+') or bool(flags & _write)\n"
+    "    if writes and args and isinstance(args[0], (str, bytes, os.PathLike)):\n"
+    "        path = os.path.realpath(os.fsdecode(args[0]))\n"
+    "        if not path.startswith(_home):\n"
+    "            raise PermissionError(f'the evaluation sandbox refuses {event} outside its directory: {path}')\n"
+    "sys.addaudithook(_sandbox)\n"
+    "del _sandbox\n"
 )
+
+
+@functools.cache
+def network_isolation() -> list[str]:
+    """`unshare -rn` (a new user and network namespace: no network at all) where this machine allows it, else []."""
+    command = ["unshare", "--map-root-user", "--net"]
+    if shutil.which("unshare") is None:
+        return []
+    try:
+        probe = subprocess.run([*command, "true"], capture_output=True, timeout=10, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return command if probe.returncode == 0 else []
 
 
 def run_test(problem: Problem, completion: str) -> bool:
@@ -121,8 +157,8 @@ def run_test(problem: Problem, completion: str) -> bool:
     with tempfile.TemporaryDirectory() as directory:
         try:
             completed = subprocess.run(
-                [sys.executable, "-I", "-c", program], cwd=directory, capture_output=True,
-                timeout=TEST_TIMEOUT_S, stdin=subprocess.DEVNULL,
+                [*network_isolation(), sys.executable, "-I", "-c", program], cwd=directory, capture_output=True,
+                timeout=TEST_TIMEOUT_S, stdin=subprocess.DEVNULL, env={"PATH": os.environ.get("PATH", "")},
             )
         except subprocess.TimeoutExpired:
             return False

@@ -6,6 +6,7 @@ Custom modelling code in a checkpoint (`auto_map`) runs only when the caller pas
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -32,6 +33,7 @@ KNOWN_MODEL_TYPES = {
 }
 SHIFTED_FAMILIES = {"dream"}
 PACKAGED_MODEL = Path(__file__).parent / "model"  # the embedded default checkpoint, when one is shipped
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")  # weights formats that unpickle: never loaded
 
 
 class ModelLoadError(Exception):
@@ -150,6 +152,7 @@ def load_denoiser(
     except Exception as error:  # noqa: BLE001 - any failure here is the checkpoint's (corrupt, truncated, alien)
         raise ModelLoadError(f"could not load the model in {info.path}: {error}") from error
     model.to(torch_device).eval()
+    _own_memory(model)
     return _wrap(info, model, tokenizer)
 
 
@@ -157,9 +160,14 @@ def _load_weights(info: ModelInfo, dtype: Any, trust_remote_code: bool) -> tuple
     """The model and tokenizer objects of a checkpoint, through the transformers classes of its family."""
     import transformers
 
-    if not any(Path(info.path).glob("*.safetensors")) and not any(Path(info.path).glob("*.bin")):
-        raise ModelLoadError(f"{info.path} has a config.json but no weights (*.safetensors)")
-    options: dict[str, Any] = {"dtype": dtype}
+    if not any(Path(info.path).glob("*.safetensors")):
+        pickled = sorted(p.name for p in Path(info.path).iterdir() if p.suffix in PICKLE_SUFFIXES)
+        raise ModelLoadError(
+            f"{info.path} has a config.json but no weights in safetensors format (*.safetensors)"
+            + (f"; diffill never loads pickled weights ({', '.join(pickled)}), which can run code: convert them to "
+               "safetensors with a tool you trust" if pickled else "")
+        )
+    options: dict[str, Any] = {"dtype": dtype, "use_safetensors": True}  # never a pickle (*.bin, *.pt)
     if info.family == "diffusion_gemma":
         model = transformers.DiffusionGemmaForBlockDiffusion.from_pretrained(info.path, **options)
     elif info.family == "diffill":
@@ -181,6 +189,21 @@ def _load_weights(info: ModelInfo, dtype: Any, trust_remote_code: bool) -> tuple
         model = auto_class.from_pretrained(info.path, trust_remote_code=trust_remote_code, **options)
     tokenizer = transformers.AutoTokenizer.from_pretrained(info.path, trust_remote_code=trust_remote_code)
     return model, tokenizer
+
+
+def _own_memory(model: Any) -> None:
+    """Copy weights left on the CPU out of the checkpoint's memory map into memory of their own.
+
+    safetensors files are memory-mapped, and on the CPU transformers keeps the mapped pages as the weights: a weights
+    file truncated or rewritten in place while the model runs (an export into the served directory, a copy over it)
+    would then kill the process with SIGBUS at the next forward pass. One tensor at a time, so the peak is one tensor.
+    """
+    import torch
+
+    with torch.no_grad():
+        for tensor in itertools.chain(model.parameters(), model.buffers()):
+            if tensor.device.type == "cpu":
+                tensor.data = tensor.data.clone()
 
 
 def _wrap(info: ModelInfo, model: Any, tokenizer: Any) -> "Denoiser":

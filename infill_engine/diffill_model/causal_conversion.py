@@ -63,9 +63,10 @@ def _load_causal_lm(directory: Path, gguf_file: str | None) -> tuple[Any, Any]:
     """The causal model (float32) and its tokenizer, from a directory or a GGUF file in it."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    extra = {"gguf_file": gguf_file} if gguf_file else {}
+    extra: dict[str, Any] = {"gguf_file": gguf_file} if gguf_file else {}
     tokenizer = AutoTokenizer.from_pretrained(directory, **extra)
-    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, **extra)
+    weights = extra if gguf_file else {"use_safetensors": True}  # never pickled weights (*.bin)
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, **weights)
     return model, tokenizer
 
 
