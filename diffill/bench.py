@@ -11,9 +11,10 @@ import argparse
 from collections.abc import Callable
 
 from infill_engine.commands import bench as engine_bench
+from infill_engine.commands import bench_vs_ar
 
 HELP = "measure what fills cost on this machine"
-SIDES = (engine_bench,)  # modules with add_kinds(subparsers) -> {kind: run}
+SIDES = (engine_bench, bench_vs_ar)  # modules with add_kinds(subparsers) -> {kind: run}
 
 
 def add_arguments(bench: argparse.ArgumentParser) -> None:

@@ -15,6 +15,13 @@ PAD_TOKEN = "<|pad|>"
 MASK_TOKEN = "<|mask|>"
 END_OF_SPAN_TOKEN = "<|endofspan|>"  # the span ends here; what follows it on the canvas is dropped
 END_OF_TEXT_TOKEN = "<|endoftext|>"
+# Fill-in-the-middle sentinels of the autoregressive twin (training/fim_objective.py, fim_generation.py): added to
+# its copy of the tokenizer only, in this order, in StarCoder's prefix-suffix-middle layout. The diffusion models
+# never see them.
+FIM_PREFIX_TOKEN = "<|fim_prefix|>"
+FIM_SUFFIX_TOKEN = "<|fim_suffix|>"
+FIM_MIDDLE_TOKEN = "<|fim_middle|>"
+FIM_TOKENS = (FIM_PREFIX_TOKEN, FIM_SUFFIX_TOKEN, FIM_MIDDLE_TOKEN)
 
 # Names under which diffusion checkpoints register their mask token, in order of preference. These are token
 # *strings* looked up in the tokenizer's vocabulary; the ids always come from the tokenizer.

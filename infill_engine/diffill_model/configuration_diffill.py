@@ -24,6 +24,9 @@ class DiffillConfig(PreTrainedConfig):
     # Set for a model that starts from an autoregressive one (see causal_conversion.py):
     shift_logits: bool = False  # the output at position p predicts the token at p + 1, as the causal LM did (Dream)
     causal_context: bool = False  # context tokens attend only to context at earlier or equal positions
+    # The autoregressive twin (training/fim_objective.py): with shift_logits and causal_context, trained on
+    # fill-in-the-middle sequences that are all context (no canvas); generated token by token (fim_generation.py).
+    autoregressive: bool = False
     # Special token ids are copied from the tokenizer by the training code; the model never assumes their values.
     mask_token_id: int | None = None  # the token that fills not-yet-decoded canvas positions
     end_of_span_token_id: int | None = None  # the token that ends a span shorter than its canvas

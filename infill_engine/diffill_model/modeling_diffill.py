@@ -292,6 +292,46 @@ class DiffillForInfilling(DiffillPreTrainedModel):
             x = torch.cat([self._state_before_canvas(x, canvas_positions, cache), x[:, :-1]], dim=1)  # (B, N, E)
         return self.lm_head(self.norm(x))  # (B, N, V)
 
+    @torch.no_grad()
+    def extend_context(
+        self, ids: torch.LongTensor, positions: torch.LongTensor, cache: DiffillContextCache
+    ) -> DiffillContextCache:
+        """The cache of the context followed by `ids` (B, T): the new tokens attend to the cache and causally to each
+        other, as if the longer context had been encoded at once (a causal_context model's KV cache, for decoding
+        token by token)."""
+        if not self.config.causal_context:
+            raise ValueError("extend_context needs a causal_context model: earlier context tokens would see the new")
+        B, T = ids.shape
+        x = self.embed_tokens(ids)  # (B, T, E)
+        cos, sin = self._rotary(positions, x.dtype)  # each (B, 1, T, D)
+        attn_mask = None
+        if T > 1 or cache.padding_mask is not None:
+            known = cache.padding_mask if cache.padding_mask is not None else torch.ones(
+                cache.batch_size, cache.length, dtype=torch.bool, device=ids.device)
+            context_keys = known[:, None, None, :].expand(B, 1, T, cache.length)  # (B, 1, T, C)
+            new_keys = torch.ones(T, T, dtype=torch.bool, device=ids.device).tril().expand(B, 1, T, T)
+            attn_mask = torch.cat([context_keys, new_keys], dim=-1)  # (B, 1, T, C + T)
+        keys, values = [], []
+        for block, context_k, context_v in zip(self.layers, cache.keys, cache.values):
+            x, k, v = block(x, cos, sin, attn_mask, (context_k, context_v))
+            keys.append(torch.cat([context_k.expand(B, -1, -1, -1), k], dim=2))  # (B, H, C + T, D)
+            values.append(torch.cat([context_v.expand(B, -1, -1, -1), v], dim=2))  # (B, H, C + T, D)
+        padding_mask = None
+        if cache.padding_mask is not None:
+            padding_mask = torch.cat([cache.padding_mask.expand(B, -1), torch.ones_like(ids, dtype=torch.bool)], 1)
+        extended = DiffillContextCache(keys=tuple(keys), values=tuple(values), padding_mask=padding_mask)
+        if self.config.shift_logits:
+            extended.hidden = torch.cat([cache.hidden.expand(B, -1, -1), x], dim=1)  # (B, C + T, E)
+            extended.positions = torch.cat([cache.positions.expand(B, -1), positions.expand(B, T)], dim=1)
+        return extended
+
+    @torch.no_grad()
+    def next_token_logits(self, cache: DiffillContextCache) -> torch.Tensor:
+        """Logits (B, V) for the token after the context's last position (a shift_logits model; no right padding)."""
+        if cache.hidden is None:
+            raise ValueError("next_token_logits needs a shift_logits model, whose context outputs predict the next")
+        return self.lm_head(self.norm(cache.hidden[:, -1]))  # (B, V)
+
     def _state_before_canvas(
         self, x: torch.Tensor, canvas_positions: torch.LongTensor, cache: DiffillContextCache
     ) -> torch.Tensor:

@@ -46,6 +46,10 @@ def add_arguments(train: argparse.ArgumentParser) -> None:
     train.add_argument("--holes", type=int, default=1, metavar="N",
                        help="holes per training window at most: each window draws 1..N, each hole's canvas sees the "
                             "context and itself (default: 1, one hole as served)")
+    train.add_argument("--autoregressive", action="store_true",
+                       help="train the autoregressive twin instead: the same model class and tokenizer (plus FIM "
+                            "sentinels), causal attention, prefix-suffix-middle sequences, next-token loss; compare "
+                            "with `diffill bench vs-ar` (see docs/BENCHMARKS.md)")
     train.add_argument("--seed", type=int, default=0, help="random seed of weights and data (default: 0)")
     train.add_argument("--resume", action=argparse.BooleanOptionalAction, default=None,
                        help="continue from the last checkpoint (default: when the run directory has one)")
@@ -100,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
             train_layers=args.train_layers,
             dense=args.dense,
             holes=args.holes,
+            autoregressive=args.autoregressive,
             data_workers=args.data_workers,
         )
         result = train(config)

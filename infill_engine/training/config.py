@@ -75,6 +75,8 @@ class TrainConfig:
     dense: bool = False
     next_token_weight: float = 1.0  # with dense: the next-token loss's weight beside the span's loss
     holes: int = 1  # holes per training window at most (each window draws 1..holes); 1: one hole, as served
+    # The autoregressive twin (fim_objective): causal attention, prefix-suffix-middle sequences, next-token loss
+    autoregressive: bool = False
 
     def __post_init__(self) -> None:
         if self.preset not in PRESETS:
@@ -94,6 +96,9 @@ class TrainConfig:
             raise ValueError(f"lr must be positive (got {self.lr})")
         if self.time_limit_minutes is not None and not self.time_limit_minutes > 0:
             raise ValueError(f"time limit must be a positive number of minutes (got {self.time_limit_minutes})")
+        if self.autoregressive and (self.dense or self.holes > 1 or self.data_workers):
+            raise ValueError("--autoregressive trains the twin's own objective: it takes no --dense, --holes or "
+                             "--data-workers")
         if not self.use_stdlib and not self.sources:
             raise ValueError("no training data: give --source DIR, or leave the standard library in")
 

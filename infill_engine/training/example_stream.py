@@ -24,7 +24,8 @@ class ExampleStream:
     """An endless stream of training batches from documents drawn in proportion to their length."""
 
     def __init__(
-        self, documents: list[Document], tokenizer: Any, objective: ObjectiveConfig, seed: int, dense: bool = False
+        self, documents: list[Document], tokenizer: Any, objective: ObjectiveConfig, seed: int, dense: bool = False,
+        autoregressive: bool = False,
     ) -> None:
         if not documents:
             raise ValueError("the example stream needs at least one document")
@@ -35,16 +36,30 @@ class ExampleStream:
         self.cumulative = list(accumulate(len(d.text) for d in documents))
         self.rng = random.Random(seed)
         self.dense = dense
+        self.autoregressive = autoregressive  # the twin's fill-in-the-middle sequences (fim_objective)
+        if autoregressive:
+            from infill_engine.training.fim_objective import fim_tokens
+
+            self.fim = fim_tokens(tokenizer)
 
     def example(self) -> TrainingExample:
-        """The next example."""
+        """The next example (a `FimExample` for an autoregressive stream)."""
         index = bisect_right(self.cumulative, self.rng.random() * self.cumulative[-1])
         document = self.documents[min(index, len(self.documents) - 1)]
+        if self.autoregressive:
+            from infill_engine.training.fim_objective import make_fim_example
+
+            return make_fim_example(self.tokenizer, document.text, self.rng, self.fim, self.objective)
         return make_example(self.tokenizer, document.text, self.rng, self.tokens, self.objective)
 
     def batch(self, size: int) -> dict[str, torch.Tensor]:
         """The next `size` examples, collated."""
-        return collate([self.example() for _ in range(size)], self.tokens.pad_id, self.dense)
+        examples = [self.example() for _ in range(size)]
+        if self.autoregressive:
+            from infill_engine.training.fim_objective import collate_fim
+
+            return collate_fim(examples, self.fim.pad_id)
+        return collate(examples, self.tokens.pad_id, self.dense)
 
     def state(self) -> Any:
         """The position in the stream."""

@@ -107,7 +107,10 @@ def make_optimizer(model: torch.nn.Module, config: TrainConfig, device: torch.de
 def evaluate(
     model: DiffillForInfilling, batches: list[dict[str, torch.Tensor]], device: torch.device, tokens: SpanTokens
 ) -> tuple[float, float]:
-    """Mean loss over fixed held-out batches, and the accuracy at masked positions of the middle (not end-of-span)."""
+    """Mean loss over fixed held-out batches, and the accuracy at masked positions of the middle (not end-of-span).
+
+    For the autoregressive twin: its next-token loss and accuracy at every position (not comparable with the span's).
+    """
     was_training = model.training
     model.eval()
     losses, correct, masked = [], 0, 0
@@ -119,6 +122,8 @@ def evaluate(
         losses.append(float(output.loss))
         labels = batch["labels"]  # (B, T)
         at_mask = (batch["input_ids"] == tokens.mask_id) & (labels != IGNORE_INDEX) & (labels != tokens.end_of_span_id)
+        if model.config.autoregressive:  # the twin has no masks: its accuracy is next-token accuracy everywhere
+            at_mask = labels != IGNORE_INDEX
         correct += int((output.logits.argmax(-1) == labels)[at_mask].sum())
         masked += int(at_mask.sum())
     model.train(was_training)
@@ -192,6 +197,10 @@ def train(config: TrainConfig) -> TrainResult:
     if checkpoint is None and config.init_from is not None:
         config = replace(config, init_from=prepare_start(config.init_from, run_dir))
     corpus, tokenizer = prepare_run(config)
+    if config.autoregressive:  # the twin: the same tokenizer plus the FIM sentinels (appended, same ids on resume)
+        from infill_engine.training.fim_objective import add_fim_tokens
+
+        tokenizer = add_fim_tokens(tokenizer)
     train_docs = corpus.split("train")
     eval_docs = corpus.split("eval") or train_docs
     (run_dir / "run_config.json").write_text(
@@ -199,8 +208,9 @@ def train(config: TrainConfig) -> TrainResult:
                    default=str) + "\n", encoding="utf-8",
     )
 
-    stream = ExampleStream(train_docs, tokenizer, config.objective, config.seed, config.dense)
-    eval_stream = ExampleStream(eval_docs, tokenizer, config.objective, config.seed + 1_000_003)
+    stream = ExampleStream(train_docs, tokenizer, config.objective, config.seed, config.dense, config.autoregressive)
+    eval_stream = ExampleStream(eval_docs, tokenizer, config.objective, config.seed + 1_000_003,
+                                autoregressive=config.autoregressive)
     eval_batches = [eval_stream.batch(config.batch_size) for _ in range(config.eval_batches)]
 
     torch.manual_seed(config.seed)
@@ -216,7 +226,11 @@ def train(config: TrainConfig) -> TrainResult:
         if config.seq_len > model.config.max_position_embeddings:
             logger.info("raising max_position_embeddings to the new seq_len %d", config.seq_len)
             model.config.max_position_embeddings = config.seq_len
-    if config.dense and not (model.config.shift_logits and model.config.causal_context):
+    if config.autoregressive:
+        from infill_engine.training.fim_objective import make_autoregressive
+
+        make_autoregressive(model, tokenizer)
+    elif config.dense and not (model.config.shift_logits and model.config.causal_context):
         logger.info("dense supervision: the model now reads its context causally and predicts shifted")
         model.config.shift_logits = model.config.causal_context = True
     model.to(device).train()

@@ -1,0 +1,216 @@
+"""The diffusion engine against its autoregressive twin on the same problems, in one process (`diffill bench vs-ar`).
+
+The twin (`fim_generation`) has the diffusion model's size, tokenizer and training tokens, with causal attention,
+fill-in-the-middle ordering and a KV cache. Both fill every problem at unknown length with the same number of
+positions (`max_tokens`: the diffusion canvas, the twin's most tokens) and the same context budget, without the
+syntax gate (it would apply to either alike), greedily. For the main comparison the two alternate problem by
+problem, so load on the machine falls on both alike. Then the diffusion engine alone is swept over sampler settings
+(steps, threshold, entropy bound), each a point of pass@1 against ms per fill. Benchmarks measure; tests never
+assert timings.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from infill_engine.engine import InfillEngine, InfillRequest
+from infill_engine.evaluation import Problem, run_test
+from infill_engine.fim_generation import FimGenerator
+from infill_engine.sampler import SamplerConfig
+
+logger = logging.getLogger(__name__)
+
+def parse_setting(text: str) -> dict[str, Any]:
+    """Sampler overrides from `KEY=VALUE[,KEY=VALUE...]` (SamplerConfig fields); ValueError for an unknown key."""
+    kinds = {f.name: f.type for f in fields(SamplerConfig)}
+    overrides: dict[str, Any] = {}
+    for part in filter(None, text.split(",")):
+        key, _, value = part.partition("=")
+        key = key.strip().replace("-", "_")
+        if key not in kinds or not value:
+            raise ValueError(f"sweep setting {part!r}: expected KEY=VALUE with KEY one of {', '.join(kinds)}")
+        kind = str(kinds[key])
+        if kind == "bool":
+            overrides[key] = value.lower() in ("1", "true", "yes", "on")
+        elif kind == "int":
+            overrides[key] = int(value)
+        elif kind == "float":
+            overrides[key] = float(value)
+        else:
+            overrides[key] = value
+    SamplerConfig(**overrides)  # validated here, with the sampler's own messages
+    return overrides
+
+
+@dataclass
+class Fill:
+    """One fill of one problem by one side."""
+
+    task_id: str
+    completion: str
+    ms: float  # the whole fill: tokenize, encode, decode
+    forward_passes: int
+    tokens: int  # tokens written
+    exact: bool = False
+    passed: bool = False
+
+
+def summarize(fills: list[Fill]) -> dict[str, Any]:
+    """pass@1, exact match (percent) and ms per fill (median, mean, p90), forward passes and tokens (median)."""
+    count = max(len(fills), 1)
+    ms = sorted(f.ms for f in fills) or [0.0]
+    return {
+        "problems": len(fills),
+        "pass@1": round(100 * sum(f.passed for f in fills) / count, 2),
+        "exact_match": round(100 * sum(f.exact for f in fills) / count, 2),
+        "ms_median": round(statistics.median(ms), 1),
+        "ms_mean": round(statistics.mean(ms), 1),
+        "ms_p90": round(ms[min(len(ms) - 1, round(0.9 * len(ms)) - 1)], 1),
+        "forward_passes_median": statistics.median(f.forward_passes for f in fills) if fills else 0,
+        "tokens_median": statistics.median(f.tokens for f in fills) if fills else 0,
+    }
+
+
+def diffusion_fill(engine: InfillEngine, problem: Problem, max_tokens: int) -> Fill:
+    """The engine's fill of a problem at unknown length, without the syntax gate."""
+    result = engine.fill(InfillRequest(problem.prompt, problem.suffix, "python", max_tokens=max_tokens, gate=False))
+    best = result.candidates[0] if result.candidates else None
+    return Fill(problem.task_id, best.text if best else "", result.stats.ms.get("total", 0.0),
+                result.stats.forward_passes, len(best.token_ids) if best else 0)
+
+
+def twin_fill(twin: FimGenerator, problem: Problem, max_tokens: int, use_cache: bool = True) -> Fill:
+    """The twin's greedy fill of a problem, up to `max_tokens` tokens."""
+    fill = twin.fill(problem.prompt, problem.suffix, max_tokens, use_cache=use_cache)
+    return Fill(problem.task_id, fill.text, fill.ms["total"], fill.forward_passes, len(fill.token_ids))
+
+
+def score(problems: list[Problem], fills: list[Fill], workers: int) -> None:
+    """Set exact and passed on each fill (the tests run in sandboxed subprocesses, `workers` at a time)."""
+    by_id = {p.task_id: p for p in problems}
+    for fill in fills:
+        fill.exact = fill.completion.strip() == by_id[fill.task_id].canonical_solution.strip()
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        for fill, passed in zip(fills, pool.map(lambda f: run_test(by_id[f.task_id], f.completion), fills)):
+            fill.passed = passed
+
+
+def compare(
+    engine: InfillEngine,
+    twin: FimGenerator,
+    problems: list[Problem],
+    max_tokens: int = 64,
+    sweep: list[str] | tuple[str, ...] = (),
+    sweep_problems: list[Problem] | None = None,
+    uncached: bool = False,
+    workers: int = 2,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> dict[str, Any]:
+    """Both models on the same problems (alternating), then the diffusion sweep (`parse_setting` strings); a
+    JSON-ready report."""
+    settings = [(text, parse_setting(text)) for text in sweep]
+    sweep_problems = sweep_problems if sweep_problems is not None else problems
+    base = engine.sampler
+    diffusion_fill(engine, problems[0], max_tokens)  # warm-up, not counted
+    twin_fill(twin, problems[0], max_tokens)
+    diffusion, autoregressive = [], []
+    for number, problem in enumerate(problems, 1):
+        diffusion.append(diffusion_fill(engine, problem, max_tokens))
+        autoregressive.append(twin_fill(twin, problem, max_tokens))
+        if progress is not None:
+            progress("both", number, len(problems))
+    score(problems, diffusion, workers)
+    score(problems, autoregressive, workers)
+    main_diffusion, main_twin = summarize(diffusion), summarize(autoregressive)
+    report: dict[str, Any] = {
+        "max_tokens": max_tokens,
+        "diffusion": {"sampler": _sampler_dict(base), **main_diffusion},
+        "autoregressive": main_twin,
+        "speedup_median": _ratio(main_twin["ms_median"], main_diffusion["ms_median"]),
+        "speedup_mean": _ratio(main_twin["ms_mean"], main_diffusion["ms_mean"]),
+        "pass@1_difference": round(main_diffusion["pass@1"] - main_twin["pass@1"], 2),
+        "outcomes": [
+            {"task_id": d.task_id, "diffusion": _fill_dict(d), "autoregressive": _fill_dict(a)}
+            for d, a in zip(diffusion, autoregressive)
+        ],
+    }
+    points: list[dict[str, Any]] = []
+    if sweep_problems is problems:
+        points.append({"side": "diffusion", "setting": "default", **main_diffusion})
+        points.append({"side": "autoregressive", "setting": "KV cache", **main_twin})
+    else:  # the sweep's points are on their own problems: measure the defaults and the twin there too
+        settings.insert(0, ("default", {}))
+        fills = [twin_fill(twin, p, max_tokens) for p in sweep_problems]
+        score(sweep_problems, fills, workers)
+        points.append({"side": "autoregressive", "setting": "KV cache", **summarize(fills)})
+    if uncached:  # what the twin's cache buys: every token re-runs the whole sequence
+        fills = [twin_fill(twin, p, max_tokens, use_cache=False) for p in sweep_problems]
+        score(sweep_problems, fills, workers)
+        points.append({"side": "autoregressive", "setting": "no cache", **summarize(fills)})
+    for text, overrides in settings:
+        engine.sampler = replace(base, **overrides)
+        try:
+            fills = []
+            for number, problem in enumerate(sweep_problems, 1):
+                fills.append(diffusion_fill(engine, problem, max_tokens))
+                if progress is not None:
+                    progress(text, number, len(sweep_problems))
+        finally:
+            engine.sampler = base
+        score(sweep_problems, fills, workers)
+        points.append({"side": "diffusion", "setting": text, **summarize(fills)})
+    report["sweep"] = {"problems": len(sweep_problems), "points": points}
+    return report
+
+
+def _ratio(numerator: float, denominator: float) -> float | None:
+    """numerator / denominator, rounded; None when the denominator is 0."""
+    return round(numerator / denominator, 2) if denominator else None
+
+
+def _fill_dict(fill: Fill) -> dict[str, Any]:
+    """A fill as JSON (without its task id, which the row carries)."""
+    return {"completion": fill.completion, "passed": fill.passed, "exact": fill.exact, "ms": round(fill.ms, 1),
+            "forward_passes": fill.forward_passes, "tokens": fill.tokens}
+
+
+def _sampler_dict(config: SamplerConfig) -> dict[str, Any]:
+    """The sampler knobs the sweep varies."""
+    return {"commit": config.commit, "steps": config.steps, "threshold": config.threshold,
+            "entropy_bound": config.entropy_bound}
+
+
+def plot_sweep(report: dict[str, Any], path: Path, title: str | None = None) -> None:
+    """pass@1 against ms per fill (median, log scale) for every point of the sweep, as a PNG (needs matplotlib)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(8, 5), dpi=120)
+    styles = {"diffusion": ("tab:blue", "o"), "autoregressive": ("tab:red", "s")}
+    for side, (color, marker) in styles.items():
+        points = [p for p in report["sweep"]["points"] if p["side"] == side]
+        if not points:
+            continue
+        axes.scatter([p["ms_median"] for p in points], [p["pass@1"] for p in points], color=color, marker=marker,
+                     s=48, label=f"{side} ({'sampler settings' if side == 'diffusion' else 'greedy'})", zorder=3)
+        for p in points:
+            axes.annotate(p["setting"].replace("commit=entropy_bound,", ""), (p["ms_median"], p["pass@1"]),
+                          textcoords="offset points", xytext=(4, 4), fontsize=7, color=color)
+    axes.set_xscale("log")
+    axes.set_xlabel(f"ms per fill (median, {report['max_tokens']} positions, log scale)")
+    axes.set_ylabel(f"pass@1 (%, {report['sweep']['problems']} problems)")
+    axes.set_title(title or "diffusion sampler settings against the autoregressive twin")
+    axes.grid(True, which="both", alpha=0.3)
+    axes.legend(loc="best", fontsize=8)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path)
+    plt.close(figure)

@@ -1,0 +1,178 @@
+"""The autoregressive twin: its fill-in-the-middle examples, a tiny training run, KV-cached generation, and
+`diffill bench vs-ar` end to end on tiny models."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from diffill.cli import main
+from infill_engine.diffill_model import DiffillForInfilling
+from infill_engine.diffill_model.modeling_diffill import IGNORE_INDEX
+from infill_engine.fim_generation import FimGenerator, fim_prompt
+from infill_engine.special_tokens import END_OF_SPAN_TOKEN, FIM_MIDDLE_TOKEN, FIM_PREFIX_TOKEN, FIM_SUFFIX_TOKEN
+from infill_engine.training.config import TrainConfig
+from infill_engine.training.fim_objective import (
+    add_fim_tokens,
+    collate_fim,
+    fim_tokens,
+    make_fim_example,
+)
+from infill_engine.training.objective import ObjectiveConfig
+from infill_engine.training.tokenizer_training import train_tokenizer
+from infill_engine.training.train import train
+from tests import tiny_models
+
+STDLIB_MODULES = ("textwrap", "heapq", "bisect", "shlex")
+
+
+@pytest.fixture(scope="module")
+def source_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory of real Python files."""
+    import importlib
+    import inspect
+
+    directory = tmp_path_factory.mktemp("sources")
+    for name in STDLIB_MODULES:
+        shutil.copy(inspect.getsourcefile(importlib.import_module(name)), directory / f"{name}.py")
+    return directory
+
+
+@pytest.fixture(scope="module")
+def twin_tokenizer(source_dir: Path):
+    """A small tokenizer trained on the sources, with the FIM sentinels appended."""
+    return add_fim_tokens(train_tokenizer((p.read_text() for p in sorted(source_dir.glob("*.py"))), vocab_size=400))
+
+
+@pytest.fixture(scope="module")
+def twin_checkpoint(tmp_path_factory: pytest.TempPathFactory, source_dir: Path) -> Path:
+    """A tiny twin trained a few steps from scratch with `train(autoregressive=True)`."""
+    run_dir = tmp_path_factory.mktemp("twin") / "run"
+    result = train(TrainConfig(
+        run_dir=run_dir, sources=(str(source_dir),), use_stdlib=False, bench_path=str(run_dir / "no-bench.gz"),
+        preset="tiny", steps=4, batch_size=3, seq_len=96, vocab_size=400, checkpoint_every=4, eval_every=2,
+        eval_batches=1, log_every=1, progress=False, autoregressive=True, seed=3,
+    ))
+    assert result.stopped_by == "steps" and result.checkpoint is not None
+    return result.checkpoint
+
+
+def test_fim_examples_are_prefix_suffix_middle_between_the_tokenizers_sentinels(twin_tokenizer, source_dir):
+    vocab = twin_tokenizer.get_vocab()
+    sentinels = [vocab[FIM_PREFIX_TOKEN], vocab[FIM_SUFFIX_TOKEN], vocab[FIM_MIDDLE_TOKEN]]
+    tokens = fim_tokens(twin_tokenizer)
+    assert [tokens.prefix_id, tokens.suffix_id, tokens.middle_id, tokens.end_id] == [*sentinels, vocab[END_OF_SPAN_TOKEN]]
+    # the sentinels are whole special tokens: ordinary text never tokenizes into them
+    text = (source_dir / "textwrap.py").read_text()
+    assert not set(sentinels) & set(twin_tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    config = ObjectiveConfig(seq_len=120, max_span_tokens=40)
+    rng = random.Random(5)
+    examples = [make_fim_example(twin_tokenizer, text, rng, tokens, config) for _ in range(12)]
+    for example in examples:
+        ids = example.input_ids
+        assert len(ids) <= config.seq_len
+        assert [ids.count(s) for s in sentinels] == [1, 1, 1]
+        at_suffix, at_middle = ids.index(tokens.suffix_id), ids.index(tokens.middle_id)
+        assert ids[0] == tokens.prefix_id and 0 < at_suffix < at_middle == example.middle_start - 1
+        prefix = twin_tokenizer.decode(ids[1:at_suffix])
+        suffix = twin_tokenizer.decode(ids[at_suffix + 1 : at_middle])
+        middle = twin_tokenizer.decode(ids[example.middle_start : -1])
+        assert example.hole.prefix.endswith(prefix) and example.hole.suffix.startswith(suffix)
+        assert middle == example.hole.middle and ids[-1] == tokens.end_id
+        assert ids[: example.middle_start] == fim_prompt(
+            twin_tokenizer(prefix, add_special_tokens=False)["input_ids"],
+            twin_tokenizer(suffix, add_special_tokens=False)["input_ids"], tokens)
+        # every position after the first learns its own token from the output before it, the end token included
+        assert example.labels == [IGNORE_INDEX] + ids[1:]
+
+    batch = collate_fim(examples[:3], tokens.pad_id)
+    longest = max(len(e.input_ids) for e in examples[:3])
+    assert batch["input_ids"].shape == (3, longest) and not batch["canvas_mask"].any()
+    for row, example in enumerate(examples[:3]):
+        n = len(example.input_ids)
+        assert batch["attention_mask"][row].sum() == n
+        assert (batch["input_ids"][row, n:] == tokens.pad_id).all()
+        assert (batch["labels"][row, n:] == IGNORE_INDEX).all()
+
+
+def test_a_tiny_twin_trains_and_its_kv_cache_writes_what_the_full_pass_writes(twin_checkpoint, source_dir):
+    model = DiffillForInfilling.from_pretrained(twin_checkpoint, dtype=torch.float32).eval()
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(twin_checkpoint)
+    config = model.config
+    assert config.autoregressive and config.causal_context and config.shift_logits
+    assert config.vocab_size == len(tokenizer) and FIM_MIDDLE_TOKEN in tokenizer.get_vocab()
+    log = (twin_checkpoint.parents[1] / "train_log.csv").read_text().splitlines()
+    assert len(log) > 1 and all("nan" not in row for row in log)
+
+    # logits: encode a prompt, then extend it token by token; each step's next-token logits are the full pass's
+    tokens = fim_tokens(tokenizer)
+    text = (source_dir / "heapq.py").read_text()
+    example = make_fim_example(tokenizer, text, random.Random(2), tokens, ObjectiveConfig(seq_len=96, max_span_tokens=24))
+    ids = torch.tensor([example.input_ids])  # (1, T)
+    full = model(input_ids=ids, canvas_mask=torch.zeros_like(ids, dtype=torch.bool)).logits  # (1, T, V): t from t-1
+    start = example.middle_start
+    cache = model.encode_context(ids[:, :start], torch.arange(start)[None])
+    for t in range(start, ids.shape[1]):
+        torch.testing.assert_close(model.next_token_logits(cache), full[:, t], atol=1e-4, rtol=1e-4)
+        cache = model.extend_context(ids[:, t : t + 1], torch.tensor([[t]]), cache)
+
+    generator = FimGenerator(model, tokenizer)
+    for seed in range(3):
+        hole = make_fim_example(tokenizer, text, random.Random(seed), tokens, ObjectiveConfig(seq_len=96)).hole
+        cached = generator.fill(hole.prefix, hole.suffix, max_new_tokens=12)
+        uncached = generator.fill(hole.prefix, hole.suffix, max_new_tokens=12, use_cache=False)
+        assert cached.token_ids and cached.token_ids == uncached.token_ids and cached.text == uncached.text
+        assert not set(cached.token_ids) & set(tokens.never_ids)
+
+
+HUMANEVAL_STYLE = [
+    ("def add(a, b):\n", "    return a + b\n", "\n", "def check(f):\n    assert f(1, 2) == 3\n", "add"),
+    ("def neg(x):\n", "    return -x\n", "\n", "def check(f):\n    assert f(2) == -2\n", "neg"),
+    ("def first(xs):\n", "    return xs[0]\n", "\n", "def check(f):\n    assert f([4]) == 4\n", "first"),
+]
+
+
+def test_bench_vs_ar_writes_both_sides_the_sweep_and_a_plot(tmp_path, twin_checkpoint, capsys):
+    pytest.importorskip("matplotlib")
+    data = tmp_path / "problems.jsonl.gz"
+    with gzip.open(data, "wt", encoding="utf-8") as handle:
+        for number, (prompt, middle, suffix, test, entry) in enumerate(HUMANEVAL_STYLE):
+            handle.write(json.dumps({"task_id": f"Tiny/{number}", "prompt": prompt, "canonical_solution": middle,
+                                     "suffix": suffix, "test": test, "entry_point": entry}) + "\n")
+    diffusion = tiny_models.build_diffill(tmp_path / "diffusion")
+    out, plot = tmp_path / "vs-ar.json", tmp_path / "vs-ar.png"
+    common = ["bench", "vs-ar", "--model", str(diffusion), "--twin", str(twin_checkpoint), "--data", str(data),
+              "--max-tokens", "8", "--workers", "1", "--threads", "1"]
+
+    assert main([*common, "--sweep", "stepz=2"]) == 2  # a bad setting is refused before anything loads
+    assert "stepz" in capsys.readouterr().err
+
+    code = main([*common, "--sample", "3", "--sweep", "steps=2", "commit=entropy_bound,entropy_bound=0.5",
+                 "--uncached", "--out", str(out), "--plot", str(plot)])
+    printed = capsys.readouterr().out
+    assert code == 0
+    report = json.loads(out.read_text())
+    for side in ("diffusion", "autoregressive"):
+        assert report[side]["problems"] == 3 and 0 <= report[side]["pass@1"] <= 100
+        assert report[side]["ms_median"] > 0
+    assert report["speedup_median"] == round(report["autoregressive"]["ms_median"] / report["diffusion"]["ms_median"], 2)
+    assert [row["task_id"] for row in report["outcomes"]] == ["Tiny/0", "Tiny/1", "Tiny/2"]
+    assert all(row["autoregressive"]["tokens"] >= 1 for row in report["outcomes"])
+    settings = [(p["side"], p["setting"]) for p in report["sweep"]["points"]]
+    assert settings == [("diffusion", "default"), ("autoregressive", "KV cache"), ("autoregressive", "no cache"),
+                        ("diffusion", "steps=2"), ("diffusion", "commit=entropy_bound,entropy_bound=0.5")]
+    steps_2 = report["sweep"]["points"][3]
+    assert steps_2["forward_passes_median"] <= 2 * 2  # two steps per block at most (the 8 positions are one block)
+    # the twin wrote the same text with and without its cache, so both points score alike
+    assert report["sweep"]["points"][1]["pass@1"] == report["sweep"]["points"][2]["pass@1"]
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "diffusion" in printed and "autoregressive" in printed and "x the twin's speed" in printed
