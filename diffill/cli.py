@@ -21,6 +21,7 @@ COMMANDS = {
     "fill": "infill_engine.commands.fill",
     "serve": "lsp_server.cli",
     "engine": "infill_engine.service.command",
+    "http": "infill_engine.http.command",
     "doctor": "infill_engine.commands.doctor",
     "models": "infill_engine.commands.models",
     "bench": "diffill.bench",

@@ -1,0 +1,207 @@
+"""The team server (`diffill http`) over real HTTP on loopback: llama.cpp's /infill as llama.vscode and llama.vim
+send it, diffill's own endpoints, keys, limits, bad input, and a client that hangs up in the middle of a fill.
+
+One real server (uvicorn, the scripted engine of tests/lsp/fake_engine.py) serves the module; the llama.cpp
+mapping's pure parts are tested in process, and the tiny random checkpoint serves one /infill at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import pytest
+
+from infill_engine.http.llama import infill_answer, parse_infill, select_fields, shape_content
+from tests import tiny_models
+from tests.http_server import KEY, WAIT, request, start_server, stop
+
+MAX_BODY = 64 * 1024
+ADD_PREFIX = "def add(a, b):\n"
+ADD_LINE = "    return "
+
+# llama.vscode's FIM request body (src/llama-server.ts, createRequestPayload), with the ring chunks it sends
+LLAMA_VSCODE = {
+    "input_prefix": ADD_PREFIX, "input_suffix": "\n", "prompt": ADD_LINE, "n_predict": 128,
+    "input_extra": [{"text": "import math\n", "time": 1732990000, "filename": "util.py"}],
+    "top_k": 40, "top_p": 0.99, "stream": False, "samplers": ["top_k", "top_p", "infill"], "cache_prompt": True,
+    "n_indent": 4, "t_max_prompt_ms": 500, "t_max_predict_ms": 2500,
+}
+# ... and its warm-up of the extra context (noPredict): nothing to predict
+LLAMA_VSCODE_WARM_UP = {
+    "input_prefix": "", "input_suffix": "", "input_extra": LLAMA_VSCODE["input_extra"], "prompt": "",
+    "n_predict": 0, "samplers": [], "cache_prompt": True, "t_max_prompt_ms": 500, "t_max_predict_ms": 1,
+}
+# llama.vim's FIM request body (autoload/llama.vim, llama#fim)
+LLAMA_VIM_FIELDS = ["content", "timings/prompt_n", "timings/prompt_ms", "timings/prompt_per_token_ms",
+                    "timings/prompt_per_second", "timings/predicted_n", "timings/predicted_ms",
+                    "timings/predicted_per_token_ms", "timings/predicted_per_second", "truncated", "tokens_cached"]
+LLAMA_VIM = {
+    "input_prefix": ADD_PREFIX, "input_suffix": "\n\n", "input_extra": [], "prompt": ADD_LINE, "n_predict": 256,
+    "n_indent": 4, "top_k": 40, "top_p": 0.99, "stream": False, "samplers": ["top_k", "top_p", "infill"],
+    "cache_prompt": True, "t_max_prompt_ms": 500, "t_max_predict_ms": 1500, "response_fields": LLAMA_VIM_FIELDS,
+}
+# ... and its ring-buffer update (s:ring_update): no samplers, no fields wanted back
+LLAMA_VIM_RING = {
+    "input_prefix": "", "input_suffix": "", "input_extra": [{"text": "x = 1\n", "time": [1, 2], "filename": "a.py"}],
+    "prompt": "", "n_predict": 0, "temperature": 0.0, "stream": False, "samplers": [], "cache_prompt": True,
+    "t_max_prompt_ms": 1, "t_max_predict_ms": 1, "response_fields": [""],
+}
+
+
+@pytest.fixture(scope="module")
+def server():
+    process, port = start_server("--api-key", KEY, "--max-body-bytes", str(MAX_BODY), "--max-tokens", "256")
+    yield port
+    stop(process)
+
+
+def post(port: int, path: str, body, key: str | None = KEY):
+    return request(port, "POST", path, body, key=key)
+
+
+# ------------------------------------------------------------------------------------------------- llama.cpp
+def test_health_needs_no_key_and_everything_else_does(server):
+    assert request(server, "GET", "/health") == (200, {"status": "ok"})
+    for key in (None, "wrong-key"):
+        status, body = post(server, "/infill", LLAMA_VSCODE, key=key)
+        assert status == 401
+        assert body == {"error": {"code": 401, "message": "Invalid API Key", "type": "authentication_error"}}
+    assert request(server, "GET", "/v1/model")[0] == 401
+
+
+def test_llama_vscode_gets_the_fill_with_llama_cpp_answer_fields(server):
+    status, body = post(server, "/infill", LLAMA_VSCODE)
+    assert status == 200, body
+    assert body["content"] == "a + b"
+    assert body["stop"] is True and body["tokens_predicted"] > 0
+    assert set(body["timings"]) >= {"prompt_n", "prompt_ms", "predicted_n", "predicted_ms", "predicted_per_second"}
+    status, warm = post(server, "/infill", LLAMA_VSCODE_WARM_UP)  # warming the cache predicts nothing
+    assert status == 200 and warm["content"] == "" and warm["tokens_predicted"] == 0
+
+
+def test_llama_vim_gets_the_fields_it_asks_for_as_flat_keys(server):
+    status, body = post(server, "/infill", LLAMA_VIM)
+    assert status == 200, body
+    assert list(body) == LLAMA_VIM_FIELDS  # "timings/prompt_n" and the others, as llama.cpp flattens them
+    assert body["content"] == "a + b"
+    assert post(server, "/infill", LLAMA_VIM_RING) == (200, {})
+
+
+# -------------------------------------------------------------------------------------------- diffill's own
+def test_fill_offers_several_candidates_with_their_verdicts(server):
+    status, body = post(server, "/v1/fill", {"prefix": ADD_PREFIX + ADD_LINE, "suffix": "\n", "candidates": 2,
+                                             "max_tokens": 16, "language": "python"})
+    assert status == 200, body
+    assert body["text"] == "a + b"
+    assert [c["text"] for c in body["candidates"]] == ["a + b", "b + a"]
+    assert all(c["gate"]["ok"] for c in body["candidates"])
+    status, gated = post(server, "/v1/fill", {"prefix": "broken = ", "suffix": "\n", "language": "python"})
+    assert status == 200 and gated["text"] is None and gated["rejected"]  # "foo(" does not pass the syntax gate
+
+
+def test_rewrite_puts_the_instruction_before_the_selection_and_refine_keeps_what_it_can(server):
+    status, body = post(server, "/v1/rewrite", {"prefix": "def mul(a, b):\n    ", "selection": "return a + b",
+                                                "suffix": "\n", "instruction": "make it a product",
+                                                "comment": "#", "max_tokens": 16})
+    assert status == 200, body
+    assert body["replaces"] == "return a + b"
+    status, body = post(server, "/v1/rewrite", {"prefix": "def mul(a, b):\n    return ", "selection": "a + b",
+                                                "suffix": "\n", "instruction": "make it a product", "max_tokens": 16})
+    assert status == 200 and body["text"] == "a * b", body
+    status, body = post(server, "/v1/refine", {"prefix": "def sub(a, b):\n    return ", "suffix": "\n",
+                                               "original": "a + b", "keep_above": None, "renoise": [[0, 5]]})
+    assert status == 200 and body["text"] == "a - b", body
+
+
+def test_a_streamed_fill_reports_each_step_then_the_result(server):
+    import http.client
+
+    connection = http.client.HTTPConnection("127.0.0.1", server, timeout=WAIT)
+    connection.request("POST", "/v1/fill", json.dumps({"prefix": ADD_PREFIX + ADD_LINE, "suffix": "\n",
+                                                       "stream": True}),
+                       {"Authorization": f"Bearer {KEY}"})
+    response = connection.getresponse()
+    lines = [json.loads(line) for line in response.read().splitlines()]
+    connection.close()
+    assert response.status == 200
+    assert lines[0] == {"block": 0, "step": 0}
+    assert lines[-1]["result"]["text"] == "a + b"
+
+
+# ------------------------------------------------------------------------------------------ limits and errors
+def test_bad_requests_get_a_clear_answer_and_the_server_keeps_serving(server):
+    big = json.dumps({"prefix": "x" * MAX_BODY, "suffix": ""}).encode()
+    status, body = request(server, "POST", "/v1/fill", raw=big, key=KEY)
+    assert status == 413 and str(MAX_BODY) in body["error"]["message"]
+    status, body = request(server, "POST", "/infill", raw=b'{"input_prefix": "x",', key=KEY)
+    assert status == 400 and "not valid JSON" in body["error"]["message"]
+    status, body = post(server, "/v1/fill", {"prefix": "x", "suffix": "", "colour": "red"})
+    assert status == 400 and "colour" in body["error"]["message"]
+    status, body = post(server, "/v1/fill", {"prefix": "x", "suffix": "", "max_tokens": 257})
+    assert status == 400 and "256" in body["error"]["message"]
+    status, body = post(server, "/infill", {"input_prefix": 3})
+    assert status == 400 and "input_prefix" in body["error"]["message"]
+    assert request(server, "GET", "/infill", key=KEY)[0] == 405
+    assert request(server, "GET", "/nowhere", key=KEY)[0] == 404
+    assert post(server, "/infill", LLAMA_VSCODE)[1]["content"] == "a + b"
+
+
+def test_a_client_that_hangs_up_stops_its_fill(server):
+    before = request(server, "GET", "/v1/status", key=KEY)[1]
+    body = json.dumps({"prefix": "slow = ", "suffix": "\n", "max_tokens": 24}).encode()
+    with socket.create_connection(("127.0.0.1", server), timeout=WAIT) as sock:
+        sock.sendall(b"POST /v1/fill HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Authorization: Bearer " + KEY.encode() + b"\r\nContent-Length: " + str(len(body)).encode()
+                     + b"\r\n\r\n" + body)
+        deadline = time.monotonic() + WAIT
+        while request(server, "GET", "/v1/status", key=KEY)[1]["queued"] == 0:  # the slow fill is on the model
+            assert time.monotonic() < deadline, "the slow fill never started"
+            time.sleep(0.05)
+    # the fill (24 steps of 0.15 s) stops at its next step: the next request is answered, the hang-up counted
+    assert post(server, "/infill", LLAMA_VSCODE)[1]["content"] == "a + b"
+    after = request(server, "GET", "/v1/status", key=KEY)[1]
+    assert after["cancelled"] == before["cancelled"] + 1
+    assert after["served"] == before["served"] + 1  # the /infill; the slow fill was not served
+
+
+# ---------------------------------------------------------------------------------------- in process, pure
+def test_infill_body_becomes_a_hole_after_extra_context_prefix_and_prompt():
+    call = parse_infill({**LLAMA_VSCODE, "n_predict": 5000}, max_tokens=256)
+    assert call.request.prefix == "util.py\nimport math\n" + ADD_PREFIX + ADD_LINE
+    assert call.request.suffix == "\n"
+    assert call.request.max_tokens == 256  # lowered to the server's limit
+    assert parse_infill({"input_prefix": "x"}, 256).request.max_tokens == 64  # llama.cpp's -1: our default
+    with pytest.raises(ValueError, match="input_extra"):
+        parse_infill({"input_extra": "not a list"}, 256)
+    with pytest.raises(ValueError, match="n_predict"):
+        parse_infill({"n_predict": "many"}, 256)
+
+
+def test_content_is_cut_as_llama_cpp_cuts_it():
+    call = parse_infill({"n_indent": 4, "stop": ["<END>"]}, 256)
+    assert shape_content("a + b\n    c\nd = 1\n", call) == ("a + b\n    c\n", "eos", "")
+    assert shape_content("a<END>b", call) == ("a", "word", "<END>")
+    answer = infill_answer(call, None, 3, "m", 1.0)
+    assert select_fields(answer, ("content", "timings/prompt_n", "no/such")) == {"content": "", "timings/prompt_n": 3}
+
+
+def test_a_non_loopback_address_without_a_key_is_refused(capsys, monkeypatch):
+    from diffill.cli import main
+
+    monkeypatch.delenv("DIFFILL_API_KEY", raising=False)
+    assert main(["http", "--host", "0.0.0.0"]) == 2
+    error = capsys.readouterr().err
+    assert "0.0.0.0" in error and "--api-key" in error
+
+
+def test_the_tiny_model_answers_infill(tmp_path):
+    checkpoint = tiny_models.build_diffill(tmp_path / "diffill")
+    process, port = start_server("--model", str(checkpoint), "--threads", "1", scripted=False)
+    try:
+        status, body = request(port, "POST", "/infill", {**LLAMA_VIM, "n_predict": 8})
+        assert status == 200, body
+        assert isinstance(body["content"], str) and set(body) == set(LLAMA_VIM_FIELDS)
+    finally:
+        stop(process)
