@@ -10,7 +10,7 @@ import argparse
 import logging
 
 from infill_engine.commands import UsageError
-from infill_engine.interface import add_model_options, model_spec_from_args
+from infill_engine.interface import ENGINE_MODES, add_model_options, model_spec_from_args
 
 HELP = "run the language server for editors (stdio or --tcp)"
 
@@ -21,6 +21,8 @@ def add_arguments(serve: argparse.ArgumentParser) -> None:
                        help="talk over standard input/output (the default; accepted because clients pass it)")
     serve.add_argument("--tcp", metavar="[HOST:]PORT",
                        help="listen on a TCP port instead of standard input/output (host: 127.0.0.1 unless named)")
+    serve.add_argument("--engine-mode", choices=ENGINE_MODES,
+                       help="where the model runs when the editor's settings do not say (`engine.mode`, default auto)")
     add_model_options(serve, factory=True,
                       threads="CPU threads for torch (default 0: half the cores); the `model.threads` setting wins")
 
@@ -36,4 +38,4 @@ def run(args: argparse.Namespace) -> int:
         spec = model_spec_from_args(args)
     except ValueError as error:
         raise UsageError(str(error)) from None
-    return serve(tcp=tcp, model=spec)
+    return serve(tcp=tcp, model=spec, engine_mode=args.engine_mode)

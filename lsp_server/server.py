@@ -306,13 +306,14 @@ def shutdown(ls: DiffillServer, params: Any) -> None:
 # ---------------------------------------------------------------------------------------------- start-up
 
 
-def serve(tcp: tuple[str, int] | None = None, model: ModelSpec | None = None) -> int:
+def serve(tcp: tuple[str, int] | None = None, model: ModelSpec | None = None, engine_mode: str | None = None) -> int:
     """Run the server until the client exits: over stdio, or on a TCP (host, port)."""
     spec = model or ModelSpec()
-    SERVER.base_settings = replace(Settings(), model=ModelSettings(
+    defaults = Settings()
+    SERVER.base_settings = replace(defaults, model=ModelSettings(
         path=spec.path, family=spec.family, device=spec.device, dtype=spec.dtype,
         trust_remote_code=spec.trust_remote_code, threads=spec.threads,
-    ))
+    ), engine=replace(defaults.engine, mode=engine_mode or defaults.engine.mode))
     SERVER.settings = SERVER.base_settings
     SERVER.host.engine_factory = spec.factory
     status.forward_logs(SERVER)

@@ -160,7 +160,7 @@ class DiagnosticsSettings:
 class EngineSettings:
     """Where the model runs."""
 
-    mode: str = _setting("inprocess", _choice(*ENGINE_MODES))  # "shared"/"auto": the shared engine service (README)
+    mode: str = _setting("auto", _choice(*ENGINE_MODES))  # auto: the shared engine, else in-process (README)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -256,6 +256,12 @@ def concerns_us(raw: Any) -> bool:
     return any(_snake(str(key)) in known for key in raw)
 
 
+def _sent(raw: Mapping[str, Any], section: str, key: str) -> bool:
+    """Whether the editor's settings name `section.key` (in either spelling)."""
+    inner = next((value for name, value in raw.items() if _snake(str(name)) == section), None)
+    return isinstance(inner, Mapping) and any(_snake(str(name)) == key for name in inner)
+
+
 def parse_settings(raw: Any, base: Settings | None = None) -> tuple[Settings, list[str]]:
     """Settings from editor JSON, and one message per key that was wrong (its default is used instead).
 
@@ -270,6 +276,8 @@ def parse_settings(raw: Any, base: Settings | None = None) -> tuple[Settings, li
     parsed = _parse_section(Settings, raw, "", problems)
     if base is not None and parsed.model.path is None and base.model.path is not None:
         parsed = replace(parsed, model=replace(parsed.model, path=base.model.path))
+    if base is not None and not _sent(raw, "engine", "mode"):  # `diffill serve --engine-mode`
+        parsed = replace(parsed, engine=replace(parsed.engine, mode=base.engine.mode))
     if parsed.completion.line_tokens > parsed.completion.max_tokens:
         problems.append("setting 'completion.lineTokens' is larger than 'completion.maxTokens'; using maxTokens")
         parsed = replace(parsed, completion=replace(parsed.completion, line_tokens=parsed.completion.max_tokens))

@@ -30,7 +30,7 @@ def vscode_screenshot(out: Path, work: Path) -> None:
     reason = missing()
     if reason:
         raise SystemExit(reason)
-    settings = user_settings(SERVER, {"server.args": ["--engine-factory", FACTORY]})
+    settings = user_settings(SERVER, {"server.args": ["--engine-factory", FACTORY], "engine.mode": "inprocess"})
     settings.update({"workbench.colorTheme": "Default Light Modern", "editor.fontSize": 15, "window.zoomLevel": 0,
                      "editor.minimap.enabled": False, "breadcrumbs.enabled": False})
     with code_server(work / "vscode", {"read_lines.py": DEMO_FILE}, settings, work / "logs") as running:

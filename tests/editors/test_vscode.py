@@ -30,7 +30,7 @@ def vscode(tmp_path: Path, artifacts: Path, request: pytest.FixtureRequest) -> I
     if reason:
         pytest.skip(reason)
     tiny_model: Path = request.getfixturevalue("tiny_model")  # built only when the test can run
-    settings = user_settings(server_executable(), {"model.path": str(tiny_model)})
+    settings = user_settings(server_executable(), {"model.path": str(tiny_model), "engine.mode": "inprocess"})
     with code_server(tmp_path / "vscode", {"greet.py": GREET}, settings, artifacts) as running:
         yield running
 

@@ -27,12 +27,15 @@ STATUS = "diffill/status"
 WAIT = 60  # seconds any single wait may take before the test fails (the machine may be busy)
 
 
-def serve_command(*options: str) -> list[str]:
-    """`diffill serve` as installed (the console script next to this interpreter), or through -m."""
+def serve_command(*options: str, engine_mode: str | None = "inprocess") -> list[str]:
+    """`diffill serve` as installed (the console script next to this interpreter), or through -m.
+
+    The model loads in the server unless the test says otherwise (settings naming `engine.mode` win), so no test
+    leaves a detached engine behind; `engine_mode=None` keeps the server's own default (`auto`).
+    """
     script = Path(sys.executable).with_name("diffill")
-    if script.exists():
-        return [str(script), "serve", *options]
-    return [sys.executable, "-m", "diffill", "serve", *options]
+    command = [str(script), "serve"] if script.exists() else [sys.executable, "-m", "diffill", "serve"]
+    return command + (["--engine-mode", engine_mode] if engine_mode else []) + list(options)
 
 
 def plain(value: Any) -> Any:

@@ -8,7 +8,7 @@ vim.o.shada = ''
 vim.lsp.log.set_level(vim.log.levels.WARN)
 
 local cmd = { assert(vim.env.DIFFILL_SERVER, 'DIFFILL_SERVER is not set'), 'serve' }
-local settings = {}
+local settings = { engine = { mode = 'inprocess' } } -- no detached engine outlives a test
 if vim.env.DIFFILL_ENGINE_FACTORY then
   vim.list_extend(cmd, { '--engine-factory', vim.env.DIFFILL_ENGINE_FACTORY })
 else

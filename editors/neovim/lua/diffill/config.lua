@@ -72,7 +72,7 @@ M.defaults = {
       debounceMs = 300,
     },
     engine = {
-      mode = 'inprocess', -- inprocess, shared, auto
+      mode = 'auto', -- auto (the shared engine, else in this server), shared, inprocess
     },
     languages = {}, -- languageIds the server acts on; empty: every language
   },
