@@ -88,6 +88,8 @@ class DiffillServer(LanguageServer):
         self.pending_messages: list[str] = []  # settings problems found before the client was ready to hear them
         self.options_sent = False  # whether the client sent initializationOptions
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.versions: dict[str, int] = {}  # the newest version seen of each open document
+        self.out_of_sync: set[str] = set()  # documents whose changes arrived out of order: served nothing
         self._loading: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------------------------------- documents
@@ -100,14 +102,30 @@ class DiffillServer(LanguageServer):
     def snapshot(self, uri: str) -> Snapshot | None:
         """The open document at `uri` as it is now, or None when the client never opened it."""
         document = self.workspace.text_documents.get(unquote(uri))
-        if document is None:
+        if document is None or unquote(uri) in self.out_of_sync:
             return None
         return Snapshot(uri, document.version, document.source, document.language_id or "")
 
     def document_version(self, uri: str) -> int | None:
         """The current version of an open document (None when closed)."""
         document = self.workspace.text_documents.get(unquote(uri))
-        return None if document is None else document.version
+        return None if document is None or unquote(uri) in self.out_of_sync else document.version
+
+    def note_version(self, uri: str, version: int, whole: bool) -> None:
+        """Check a change's version against the newest seen: one that is not newer means the changes arrived out of
+        order, and the text may not be the editor's; the document is served nothing (no edit can name the wrong text)
+        until a change of the whole text with a newer version, or a reopen, brings it back."""
+        key = unquote(uri)
+        newest = self.versions.get(key)
+        if newest is not None and version <= newest:
+            if key not in self.out_of_sync:
+                self.out_of_sync.add(key)
+                self.show(f"diffill: a change of {key} came with version {version} after version {newest}; no "
+                          "suggestions or edits for it until the editor sends its whole text again (reopen it)")
+            return
+        self.versions[key] = version
+        if whole:
+            self.out_of_sync.discard(key)
 
     def other_documents(self, uri: str) -> list[tuple[str, str]]:
         """(uri, text) of every other open document."""
@@ -228,17 +246,23 @@ def _apply(ls: DiffillServer, raw: Any, reload_model: bool) -> None:
 
 @SERVER.feature(types.TEXT_DOCUMENT_DID_OPEN)
 def did_open(ls: DiffillServer, params: types.DidOpenTextDocumentParams) -> None:
+    ls.versions[unquote(params.text_document.uri)] = params.text_document.version
+    ls.out_of_sync.discard(unquote(params.text_document.uri))
     ls.diagnostics.schedule(params.text_document.uri)
 
 
 @SERVER.feature(types.TEXT_DOCUMENT_DID_CHANGE)
 def did_change(ls: DiffillServer, params: types.DidChangeTextDocumentParams) -> None:
+    whole = all(isinstance(c, types.TextDocumentContentChangeWholeDocument) for c in params.content_changes)
+    ls.note_version(params.text_document.uri, params.text_document.version, whole)
     ls.scheduler.cancel_document(params.text_document.uri, CHANGED)
     ls.diagnostics.schedule(params.text_document.uri)
 
 
 @SERVER.feature(types.TEXT_DOCUMENT_DID_CLOSE)
 def did_close(ls: DiffillServer, params: types.DidCloseTextDocumentParams) -> None:
+    ls.versions.pop(unquote(params.text_document.uri), None)
+    ls.out_of_sync.discard(unquote(params.text_document.uri))
     ls.scheduler.cancel_document(params.text_document.uri, CLOSED)
     ls.diagnostics.clear(params.text_document.uri)
 
