@@ -18,6 +18,7 @@ import bisect
 import functools
 import importlib
 import logging
+import os
 import re
 import threading
 from collections import OrderedDict
@@ -303,8 +304,9 @@ class _OldProblems:
 def check_fill(document: str, start: int, end: int, fill: str, language: str | None) -> GateResult:
     """Would replacing document[start:end] with fill add syntax problems that were not there before?
 
-    Each original problem is moved through the edit: offsets at or after `end` shift by the change in length,
-    offsets inside [start, end) go to `start`. A problem of the filled document is old when an original problem
+    The edit is first narrowed to the text that changes (the fill may repeat the start or end of what it replaces).
+    Each original problem is moved through it: offsets at or after its end shift by the change in length, offsets
+    inside it go to its start. A problem of the filled document is old when an original problem
     of the same kind moved to the same start, or, for ERROR nodes (which grow and shrink as the parser recovers
     differently), when it overlaps the moved range of an original ERROR node. Every other problem is new, and
     the fill passes when there is none.
@@ -313,10 +315,16 @@ def check_fill(document: str, start: int, end: int, fill: str, language: str | N
         raise ValueError(f"fill range [{start}, {end}) is not inside a document of {len(document)} characters")
     canonical = language_for(language)
     original = _analyse(document, canonical)
-    edit = Edit(start, end, len(fill))
-    after = _filled_problems(original, edit, fill, canonical)
+    # Only the text that changes is edited: a fill that repeats the start or the end of what it replaces leaves the
+    # problems there where they were (old), instead of moving them to the edit's start (new).
+    replaced = document[start:end]
+    same_start = len(os.path.commonprefix([fill, replaced]))
+    same_end = len(os.path.commonprefix([fill[same_start:][::-1], replaced[same_start:][::-1]]))
+    changed = fill[same_start : len(fill) - same_end]
+    edit = Edit(start + same_start, end - same_end, len(changed))
+    after = _filled_problems(original, edit, changed, canonical)
     old = _OldProblems(original.problems, edit)
-    unprintable = _unprintable(fill, start)
+    unprintable = _unprintable(changed, edit.start)
     new_problems = tuple(p for p in after if not old.explain(p)) + unprintable
     if new_problems:
         logger.debug("fill %r adds %d syntax problem(s), first: %s", fill[:40], len(new_problems), new_problems[0])
