@@ -70,7 +70,7 @@ def _text(value: Any) -> str:
 
 
 def _device(value: Any) -> str:
-    if not isinstance(value, str) or not (value in DEVICES or re.fullmatch(r"cuda:\d+", value)):
+    if not isinstance(value, str) or not (value in DEVICES or re.fullmatch(r"cuda:[0-9]+", value)):
         raise ValueError(f"must be one of {', '.join(DEVICES)} or 'cuda:N'")
     return value
 
