@@ -28,7 +28,7 @@ logger = logging.getLogger(__name__)
 FAMILIES = ("diffill", "diffusion_gemma", "llada", "dream", "mlm")
 DEVICES_HELP = "auto, cpu, cuda, cuda:N or mps"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-ENGINE_MODES = ("inprocess", "shared", "auto")
+ENGINE_MODES = ("inprocess", "shared", "auto", "remote")  # remote: a team server (`diffill http`) at a URL
 # Refine: tokens the model gives at least this probability are kept; positions a refined text may grow by.
 DEFAULT_KEEP_ABOVE = 0.9
 DEFAULT_GROW = 4
@@ -175,8 +175,11 @@ class NoModelError(OpenError):
     """No model is named and this build ships no embedded one."""
 
 
-def open_engine(spec: ModelSpec, mode: str = "inprocess") -> Engine:
-    """An engine for `spec`: "inprocess" loads it here, "shared" uses the shared engine, "auto" tries shared first.
+def open_engine(spec: ModelSpec, mode: str = "inprocess", *, url: str | None = None, key: str | None = None,
+                key_file: str | None = None) -> Engine:
+    """An engine for `spec`: "inprocess" loads it here, "shared" uses the shared engine, "auto" tries shared first,
+    "remote" uses the team server at `url` (the server's model, not `spec`) with the API key `key`, else the first
+    line of `key_file`, else $DIFFILL_API_KEY.
 
     Raises OpenError (NoModelError when there is no model to load) for every failure a user can fix.
     """
@@ -185,6 +188,13 @@ def open_engine(spec: ModelSpec, mode: str = "inprocess") -> Engine:
 
     if mode not in ENGINE_MODES:
         raise OpenError(f"unknown engine mode {mode!r}; allowed: {', '.join(ENGINE_MODES)}")
+    if mode == "remote":
+        from infill_engine.http.client import HttpEngine, read_api_key
+
+        if not url:
+            raise OpenError('engine.mode "remote" needs engine.url, the team server\'s address '
+                            "(e.g. http://gpu-box:8012)")
+        return HttpEngine(url, read_api_key(key, key_file))
     if spec.path is None and spec.factory is None and default_model_path() is None:
         raise NoModelError("this build of diffill ships no embedded model; set the `model.path` setting (or "
                            "`--model PATH`) to a checkpoint directory or a Hugging Face id (`diffill models`)")

@@ -75,6 +75,12 @@ def _device(value: Any) -> str:
     return value
 
 
+def _url(value: Any) -> str:
+    if not isinstance(value, str) or not re.fullmatch(r"https?://[^\s/]+(/\S*)?", value.strip()):
+        raise ValueError("must be an http:// or https:// address, e.g. \"http://gpu-box:8012\"")
+    return value.strip()
+
+
 def _names(value: Any) -> tuple[str, ...]:
     if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v.strip() for v in value):
         raise ValueError("must be a list of language names (LSP languageIds), e.g. [\"python\", \"rust\"]")
@@ -161,6 +167,9 @@ class EngineSettings:
     """Where the model runs."""
 
     mode: str = _setting("auto", _choice(*ENGINE_MODES))  # auto: the shared engine, else in-process (README)
+    url: str | None = _setting(None, _optional(_url))  # mode "remote": the team server, e.g. http://gpu-box:8012
+    key: str | None = _setting(None, _optional(_text))  # mode "remote": its API key (else keyFile, else $DIFFILL_API_KEY)
+    key_file: str | None = _setting(None, _optional(_text))  # mode "remote": a file whose first line is the API key
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -115,9 +115,12 @@ class ModelHost:
         from infill_engine.interface import NoModelError, OpenError, open_engine
 
         try:
-            if settings.model.path and self.engine_factory is None:  # fetch a hub model here, with progress
+            if settings.model.path and self.engine_factory is None and settings.engine.mode != "remote":
+                # fetch a hub model here, with progress (a team server has its own model)
                 resolve_model_path(settings.model.path, on_download)
-            engine = open_engine(settings.model.spec(self.engine_factory), settings.engine.mode)
+            remote = settings.engine
+            engine = open_engine(settings.model.spec(self.engine_factory), remote.mode, url=remote.url,
+                                 key=remote.key, key_file=remote.key_file)
         except NoModelError as error:
             return None, NO_MODEL, str(error)
         except (OpenError, HubError) as error:

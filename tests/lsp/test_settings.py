@@ -30,7 +30,7 @@ def test_each_bad_key_is_named_and_keeps_its_default():
     settings, problems = parse_settings({
         "completion": {"candidates": 0, "maxTokens": "many", "enabled": "yes"},
         "model": {"device": "gpu", "dtype": "int4", "family": "gpt"},
-        "engine": {"mode": "remote"},
+        "engine": {"mode": "cloud"},
         "rewrite": {"keepAbove": 2},
         "context": 5,
         "colour": "blue",
@@ -55,7 +55,7 @@ def test_settings_that_are_not_an_object_are_refused():
 
 
 def test_the_engine_modes_of_later_issues_are_accepted():
-    for mode in ("inprocess", "shared", "auto"):
+    for mode in ("inprocess", "shared", "auto", "remote"):
         assert parse_settings({"engine": {"mode": mode}})[0].engine.mode == mode
 
 
