@@ -90,6 +90,7 @@ class DiffillServer(LanguageServer):
         self.loop: asyncio.AbstractEventLoop | None = None
         self.versions: dict[str, int] = {}  # the newest version seen of each open document
         self.out_of_sync: set[str] = set()  # documents whose changes arrived out of order: served nothing
+        self.over_tcp = False  # serving a TCP port, which any local user can reach (see `configure`)
         self._loading: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------------------------------- documents
@@ -157,6 +158,12 @@ class DiffillServer(LanguageServer):
     def configure(self, raw: Any) -> tuple[bool, list[str]]:
         """Take new settings; returns whether the model must be reloaded, and the problems found."""
         settings, problems = parse_settings(raw, self.base_settings)
+        if self.over_tcp and settings.model.trust_remote_code and not self.base_settings.model.trust_remote_code:
+            # any local user can connect to the port and send settings: a checkpoint's code runs only when the
+            # command line that started the server allowed it
+            settings = replace(settings, model=replace(settings.model, trust_remote_code=False))
+            problems.append("model.trustRemoteCode is refused over TCP, where any user of this machine can connect; "
+                            "start the server with --trust-remote-code to allow a checkpoint's own code")
         reload = settings.model != self.settings.model
         self.settings = settings
         self.cache = SuggestionCache(settings.completion.cache_entries)
@@ -345,6 +352,7 @@ def serve(tcp: tuple[str, int] | None = None, model: ModelSpec | None = None, en
         host, port = tcp
         if not is_loopback(host):
             logger.warning("listening on %s: anyone who can reach this address can use the model", host)
+        SERVER.over_tcp = True
         SERVER.start_tcp(host, port)
         return 0
     # Standard output carries the protocol: keep it for that, and send anything else written there to stderr.

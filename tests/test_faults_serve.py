@@ -43,7 +43,8 @@ from tests.service.conftest import FACTORY, engine_env, start_engine, stop
 pytestmark = pytest.mark.asyncio
 
 ADD = "def add(a, b):\n    return \n"
-FAST = {"completion": {"debounceMs": 0}, "diagnostics": {"enabled": False}, "context": {"otherDocuments": False}}
+FAST = {"completion": {"debounceMs": 0}, "diagnostics": {"enabled": False}, "context": {"otherDocuments": False},
+        "engine": {"mode": "inprocess"}}  # the shared engine is tested on its own below
 
 
 async def language_server(*options: str, env: dict[str, str] | None = None) -> LanguageClient:

@@ -1,0 +1,151 @@
+"""Security of a running `diffill serve`: it reads no file of the workspace (context comes from the open documents
+only), and over TCP, which any local user can reach, a client cannot turn on a checkpoint's own code.
+
+docs/SECURITY.md names the test of each mitigation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from lsprotocol import types
+from pytest_lsp import LanguageClient, client_capabilities
+
+from tests.lsp.conftest import (
+    SERVER_ENV,
+    WAIT,
+    complete,
+    field_of,
+    inline,
+    open_document,
+    serve_command,
+    wait_until_loaded,
+)
+from tests.service.conftest import FACTORY
+
+ADD = "def add(a, b):\n    return \n"
+
+# `diffill serve` with an audit hook that writes every path the process opens or lists to a log (one a line).
+AUDITED_SERVE = """
+import os, sys
+log = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+def record(event, args):
+    if event in ("open", "os.listdir", "os.scandir", "glob.glob", "os.walk") and args \\
+            and isinstance(args[0], (str, bytes, os.PathLike)):
+        os.write(log, os.fsencode(os.path.abspath(os.fsdecode(args[0]))) + b"\\n")
+sys.addaudithook(record)
+from diffill.cli import main
+sys.exit(main(["serve", "--engine-factory", sys.argv[2]]))
+"""
+
+
+@pytest.mark.asyncio
+async def test_no_file_of_the_workspace_is_read_only_the_open_documents(tmp_path):
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "secrets.py").write_text("API_KEY = 'do-not-read'\ndef add_key(a, b):\n    return a + b\n")
+    (project / "main.py").write_text(ADD)  # on disk too: the server must use what the editor sent, not the file
+    (project / ".env").write_text("TOKEN=do-not-read\n")
+    log = tmp_path / "opened.log"
+    client = LanguageClient()
+    await client.start_io(sys.executable, "-c", AUDITED_SERVE, str(log), FACTORY, env=SERVER_ENV)
+    try:
+        params = types.InitializeParams(
+            capabilities=client_capabilities("visual_studio_code"), root_uri=project.as_uri(),
+            workspace_folders=[types.WorkspaceFolder(uri=project.as_uri(), name="project")],
+            initialization_options={"completion": {"debounceMs": 0}, "diagnostics": {"debounceMs": 0},
+                                    "engine": {"mode": "inprocess"}},  # the model's reads are audited too
+        )
+        await asyncio.wait_for(client.initialize_session(params), WAIT)
+        assert field_of(await wait_until_loaded(client), "state") == "ready"
+        main, other = (project / "main.py").as_uri(), (project / "other.py").as_uri()
+        open_document(client, other, "def add_numbers(a, b):\n    return a + b\n")  # open: may be context
+        open_document(client, main, ADD)
+        assert await inline(client, main, 1, 11) is not None
+        await complete(client, main, 1, 11)
+        selection = types.Range(start=types.Position(line=1, character=4), end=types.Position(line=1, character=10))
+        await asyncio.wait_for(client.text_document_code_action_async(types.CodeActionParams(
+            text_document=types.TextDocumentIdentifier(uri=main), range=selection,
+            context=types.CodeActionContext(diagnostics=[]))), WAIT)
+        await asyncio.sleep(0.5)  # the diagnostics of both documents
+    finally:
+        await asyncio.wait_for(client.shutdown_session(), WAIT)
+    opened = log.read_text().splitlines()
+    assert any("fake_engine" in path for path in opened), "the audit log recorded nothing useful"
+    assert [path for path in opened if path.startswith(str(project))] == []
+
+
+def _message(payload: dict) -> bytes:
+    body = json.dumps({"jsonrpc": "2.0", **payload}).encode()
+    return f"Content-Length: {len(body)}\r\n\r\n".encode() + body
+
+
+def _read_message(stream) -> dict:
+    length = 0
+    while (line := stream.readline()) not in (b"\r\n", b""):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":")[1])
+    if not length:
+        raise ConnectionError("the server closed the connection")
+    return json.loads(stream.read(length))
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_over_tcp_a_client_cannot_turn_on_a_checkpoints_own_code(model_dirs, tmp_path):
+    marker = tmp_path / "imported"
+    remote = tmp_path / "remote"
+    shutil.copytree(model_dirs["dream"], remote)
+    with open(remote / "modeling_tiny_masked.py", "a", encoding="utf-8") as module:
+        module.write(f"\nimport pathlib\npathlib.Path({str(marker)!r}).touch()\n")
+    port = _free_port()
+    server = subprocess.Popen(serve_command("--tcp", str(port)), env=SERVER_ENV, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + WAIT
+        while True:
+            try:
+                connection = socket.create_connection(("127.0.0.1", port), timeout=WAIT)
+                break
+            except OSError:
+                if time.monotonic() > deadline or server.poll() is not None:
+                    raise
+                time.sleep(0.1)
+        with connection, connection.makefile("rb") as stream:
+            options = {"model": {"path": str(remote), "trustRemoteCode": True}}
+            connection.sendall(_message({"id": 1, "method": "initialize",
+                                         "params": {"capabilities": {}, "initializationOptions": options}}))
+            connection.sendall(_message({"method": "initialized", "params": {}}))
+            shown, state, ask = [], None, 2
+            connection.sendall(_message({"id": ask, "method": "diffill/debugInfo", "params": {}}))
+            while time.monotonic() < deadline:
+                message = _read_message(stream)
+                if message.get("method") == "window/showMessage":
+                    shown.append(message["params"]["message"])
+                elif message.get("id") == ask and "result" in message:
+                    state = message["result"]
+                    if state["state"] not in ("starting", "loading"):
+                        break
+                    time.sleep(0.1)
+                    ask += 1
+                    connection.sendall(_message({"id": ask, "method": "diffill/debugInfo", "params": {}}))
+            assert any("trustRemoteCode is refused over TCP" in m for m in shown), shown
+            assert state is not None and state["state"] == "failed", state
+            assert "ships its own modelling code" in state["message"]
+            assert state["settings"]["model"]["trust_remote_code"] is False
+            connection.sendall(_message({"id": 999, "method": "shutdown"}) + _message({"method": "exit"}))
+        server.wait(timeout=WAIT)
+    finally:
+        server.kill()
+    assert not marker.exists()
