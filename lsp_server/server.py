@@ -51,6 +51,7 @@ except metadata.PackageNotFoundError:  # running from a source tree that was nev
     VERSION = "0.0.0"
 
 DEBUG_INFO = "diffill/debugInfo"
+MAX_DOCUMENT_CHARS = 16 * 1024 * 1024  # a larger document (generated data, a log) is served nothing
 
 
 class DiffillProtocol(LanguageServerProtocol):
@@ -91,6 +92,7 @@ class DiffillServer(LanguageServer):
         self.versions: dict[str, int] = {}  # the newest version seen of each open document
         self.out_of_sync: set[str] = set()  # documents whose changes arrived out of order: served nothing
         self.over_tcp = False  # serving a TCP port, which any local user can reach (see `configure`)
+        self.too_large: set[str] = set()  # documents over MAX_DOCUMENT_CHARS the user has been told about
         self._loading: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------------------------------- documents
@@ -103,7 +105,7 @@ class DiffillServer(LanguageServer):
     def snapshot(self, uri: str) -> Snapshot | None:
         """The open document at `uri` as it is now, or None when the client never opened it."""
         document = self.workspace.text_documents.get(unquote(uri))
-        if document is None or unquote(uri) in self.out_of_sync:
+        if document is None or unquote(uri) in self.out_of_sync or not self.within_limit(unquote(uri), document.source):
             return None
         return Snapshot(uri, document.version, document.source, document.language_id or "")
 
@@ -111,6 +113,17 @@ class DiffillServer(LanguageServer):
         """The current version of an open document (None when closed)."""
         document = self.workspace.text_documents.get(unquote(uri))
         return None if document is None or unquote(uri) in self.out_of_sync else document.version
+
+    def within_limit(self, key: str, text: str) -> bool:
+        """Whether a document is small enough to serve; the first time one is not, the user is told."""
+        if len(text) <= MAX_DOCUMENT_CHARS:
+            self.too_large.discard(key)
+            return True
+        if key not in self.too_large:
+            self.too_large.add(key)
+            self.show(f"diffill: {key} has {len(text):,} characters, over the limit of {MAX_DOCUMENT_CHARS:,}; no "
+                      "suggestions, edits or diagnostics for it")
+        return False
 
     def note_version(self, uri: str, version: int, whole: bool) -> None:
         """Check a change's version against the newest seen: one that is not newer means the changes arrived out of
@@ -131,7 +144,8 @@ class DiffillServer(LanguageServer):
     def other_documents(self, uri: str) -> list[tuple[str, str]]:
         """(uri, text) of every other open document."""
         own = unquote(uri)
-        return [(key, document.source) for key, document in self.workspace.text_documents.items() if key != own]
+        return [(key, document.source) for key, document in self.workspace.text_documents.items()
+                if key != own and key not in self.out_of_sync and len(document.source) <= MAX_DOCUMENT_CHARS]
 
     # ------------------------------------------------------------------------------------------ the client
 

@@ -149,3 +149,34 @@ def test_over_tcp_a_client_cannot_turn_on_a_checkpoints_own_code(model_dirs, tmp
     finally:
         server.kill()
     assert not marker.exists()
+
+
+@pytest.mark.asyncio
+async def test_a_document_over_the_size_limit_is_served_nothing_and_the_user_is_told():
+    from lsp_server.server import MAX_DOCUMENT_CHARS
+    from tests.lsp.conftest import change_document, start_ready
+
+    client = LanguageClient()
+    await client.start_io(*serve_command("--engine-factory", FACTORY), env=SERVER_ENV)
+    try:
+        shown: list[str] = []
+        client.feature(types.WINDOW_SHOW_MESSAGE)(lambda ls, params: shown.append(params.message))
+        await start_ready(client, "neovim", {"completion": {"debounceMs": 0}, "diagnostics": {"debounceMs": 0},
+                                             "engine": {"mode": "inprocess"}})
+        huge = "file:///limits/huge.py"
+        filler = "# " + "x" * 61 + "\n"
+        open_document(client, huge, filler * (MAX_DOCUMENT_CHARS // len(filler) + 1) + ADD)
+        lines = MAX_DOCUMENT_CHARS // len(filler) + 1
+        assert await inline(client, huge, lines + 1, 11) is None
+        for _ in range(WAIT * 20):
+            if shown:
+                break
+            await asyncio.sleep(0.05)
+        assert any("over the limit of 16,777,216" in m for m in shown), shown
+        small = "file:///limits/small.py"
+        open_document(client, small, ADD)
+        assert [i.insert_text for i in (await inline(client, small, 1, 11)).items][0] == "a + b"
+        change_document(client, huge, ADD, 2)  # cut down to size: served again
+        assert [i.insert_text for i in (await inline(client, huge, 1, 11)).items][0] == "a + b"
+    finally:
+        await asyncio.wait_for(client.shutdown_session(), WAIT)
