@@ -175,3 +175,16 @@ def test_the_network_namespace_is_used_where_the_machine_allows_it():
     probe = Problem("Sandbox/net", "import socket\n", "", "", "def check(c):\n    assert socket.if_nameindex() == "
                     "[(1, 'lo')]\n", "print")
     assert run_test(probe, "")  # inside, the only interface is loopback
+
+
+def test_vs_code_ignores_an_untrusted_workspaces_server_command_model_and_remote_code_settings():
+    manifest = json.loads((ROOT / "editors" / "vscode" / "package.json").read_text(encoding="utf-8"))
+    untrusted = manifest["capabilities"]["untrustedWorkspaces"]
+    assert untrusted["supported"] == "limited"
+    restricted = set(untrusted["restrictedConfigurations"])
+    assert {"diffill.server.command", "diffill.server.pythonPath", "diffill.server.args", "diffill.model.path",
+            "diffill.model.trustRemoteCode"} <= restricted
+    declared = manifest["contributes"]["configuration"]
+    declared = declared if isinstance(declared, list) else [declared]
+    names = {name for section in declared for name in section["properties"]}
+    assert restricted <= names  # each restricted name is a real setting, not a typo that restricts nothing
