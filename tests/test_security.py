@@ -188,3 +188,22 @@ def test_vs_code_ignores_an_untrusted_workspaces_server_command_model_and_remote
     declared = declared if isinstance(declared, list) else [declared]
     names = {name for section in declared for name in section["properties"]}
     assert restricted <= names  # each restricted name is a real setting, not a typo that restricts nothing
+
+
+def test_no_shipped_code_evaluates_text_and_only_the_harness_runs_a_completion():
+    runs_text = []
+    for package in SHIPPED_CODE:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in (
+                        "exec", "eval", "compile", "__import__"):
+                    runs_text.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.func.id}")
+                if isinstance(node, (ast.Import, ast.ImportFrom)) and any(
+                        alias.name in ("runpy", "code", "codeop") for alias in node.names) or (
+                        isinstance(node, ast.ImportFrom) and node.module in ("runpy", "code", "codeop")):
+                    runs_text.append(f"{path.relative_to(ROOT)}:{node.lineno} imports a code runner")
+    assert runs_text == []
+    # the harness puts a completion in a program only after its sandbox prelude
+    from infill_engine.evaluation import SANDBOX_PRELUDE
+
+    assert "RLIMIT_AS" in SANDBOX_PRELUDE and "RLIMIT_FSIZE" in SANDBOX_PRELUDE and "addaudithook" in SANDBOX_PRELUDE
