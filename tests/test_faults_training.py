@@ -20,7 +20,9 @@ from tests.test_training import copy_run, prepared_run, source_dir, tiny_config 
 
 
 def leftovers(run_dir: Path) -> list[str]:
-    return sorted(p.name for p in (run_dir / "checkpoints").iterdir() if not checkpoints.CHECKPOINT_PATTERN.match(p.name))
+    """What the checkpoints directory holds besides complete checkpoints."""
+    return sorted(p.name for p in (run_dir / "checkpoints").iterdir()
+                  if not checkpoints.CHECKPOINT_PATTERN.match(p.name))
 
 
 def test_a_full_disk_during_a_checkpoint_keeps_the_previous_one_usable(prepared_run, source_dir, tmp_path,

@@ -13,7 +13,6 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 from lsprotocol import types
