@@ -1,0 +1,87 @@
+"""The typing load, bounded: fast typing with cancellations and document changes against real `diffill serve`s.
+
+What a user would notice, not timings: every inline-completion request is answered (a result, or the JSON-RPC error
+of a request the client cancelled), none fails, memory does not keep growing, and no process outlives the replay.
+The full run (2,000 requests at 20 per second, embedded model) is `diffill bench load`; its figures are in
+docs/RELIABILITY.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from diffill.cli import main
+from lsp_server import typing_replay
+from lsp_server.bench import bench_load, rss_growth
+from tests.lsp.conftest import SERVER_ENV
+
+RSS_MARGIN = 1.5  # the last quarter's memory may be this many times the second quarter's (plus RSS_SLACK_MIB)
+RSS_SLACK_MIB = 64.0
+
+
+def processes_of(model: Path) -> list[str]:
+    """Command lines of live processes that name this test model (servers or engines left behind)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if str(model) in command and "pytest" not in command and typing_replay.process_usage.alive(int(entry.name)):
+            found.append(command)
+    return found
+
+
+def assert_well_answered(run: dict, requests: int) -> None:
+    assert run["requests"] == requests
+    assert run["failed"] == 0, run["errors"]
+    assert run["answered"] + run["cancelled"] == requests  # every request: a result or the cancellation error
+    assert run["superseded"] + run["cancelled"] > 0  # the load did supersede and cancel work
+    growth = rss_growth(run["rss"])
+    assert growth is not None
+    second, last = growth
+    assert last <= second * RSS_MARGIN + RSS_SLACK_MIB, run["rss"]
+
+
+@pytest.mark.parametrize("servers, mode", [(1, "inprocess"), (3, "shared")])
+def test_fast_typing_is_answered_without_failures_or_growing_memory(tiny_checkpoint: Path, servers: int, mode: str):
+    source = typing_replay.source_stretch(typing_replay.default_source(), typing_replay.DEFAULT_START_LINE, 300)
+    options = {"engine": {"mode": mode}, "completion": {"debounceMs": 0}, "model": {"threads": 1}}
+    command = typing_replay.serve_command(str(tiny_checkpoint))
+    run = asyncio.run(bench_load(source, command, options, servers, requests=200, rate=100.0, rss_every=20))
+    assert run["engine_mode"] == mode
+    assert run["engine_processes"] == (1 if mode == "shared" else 0)
+    assert_well_answered(run, 200)
+    assert processes_of(tiny_checkpoint) == []
+
+
+def test_bench_lsp_types_a_file_through_the_default_engine_and_leaves_nothing_running(tiny_checkpoint: Path,
+                                                                                       tmp_path: Path):
+    out = tmp_path / "lsp.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "diffill", "bench", "lsp", "--model", str(tiny_checkpoint), "--chars", "40",
+         "--rate", "50", "--line-pause-ms", "300", "--out", str(out)],
+        env=SERVER_ENV, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert "time to ghost text" in done.stdout
+    report = json.loads(out.read_text())
+    assert report["file"].startswith("pygls ") and report["chars"] == 40
+    assert report["engine_mode"] == "auto" and report["engine_processes"] == 1  # the default: one shared engine
+    assert sum(report["answers"].values()) == report["keys"] and report["answers"]["error"] == 0
+    assert report["answers"]["none"] == 0
+    assert processes_of(tiny_checkpoint) == []
+
+
+def test_bench_lsp_says_what_was_wrong_with_its_options(capsys: pytest.CaptureFixture[str]):
+    assert main(["bench", "lsp", "--start-line", "0"]) == 2
+    assert "--start-line must be from 1" in capsys.readouterr().err
+    assert main(["bench", "lsp", "--settings", "[1]"]) == 2
+    assert "--settings must be a JSON object" in capsys.readouterr().err
+    assert main(["bench", "load", "--requests", "0"]) == 2
+    assert "--requests" in capsys.readouterr().err
