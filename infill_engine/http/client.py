@@ -166,6 +166,10 @@ class HttpEngine:
         body = {**body, "document": document, "options": self._options.as_dict(), "stream": True}
         lines: queue.SimpleQueue[Any] = queue.SimpleQueue()
         connection = self._connection(self.connect_timeout)
+        try:  # connected here, so that hanging up below always reaches the socket the reader uses
+            connection.connect()
+        except OSError as error:
+            raise EngineUnavailable(f"{self.url} does not answer ({_reason(error)})") from None
         reader = threading.Thread(target=self._read_stream, args=(connection, path, body, lines),
                                   name="diffill-http-client", daemon=True)
         reader.start()
