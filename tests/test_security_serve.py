@@ -179,3 +179,48 @@ async def test_a_document_over_the_size_limit_is_served_nothing_and_the_user_is_
         assert [i.insert_text for i in (await inline(client, huge, 1, 11)).items][0] == "a + b"
     finally:
         await asyncio.wait_for(client.shutdown_session(), WAIT)
+
+
+def test_one_client_cannot_queue_more_than_its_share_of_the_engine(tmp_path):
+    import msgpack
+    import struct
+
+    from infill_engine.request import InfillRequest
+    from infill_engine.service import wire
+    from infill_engine.service.api import EngineClient
+    from infill_engine.service.server import ServiceLimits
+    from tests.service.conftest import start_engine, stop
+
+    runtime = tmp_path / "run"
+    runtime.mkdir(mode=0o700)
+    path = runtime / "engine.sock"
+    process = start_engine(runtime, path)
+    try:
+        def frame(message) -> bytes:
+            body = msgpack.packb(message, use_bin_type=True)
+            return struct.pack(">I", len(body)) + body
+
+        slow = wire.request_to_wire(InfillRequest(prefix="slow = ", suffix="\n", language="python", max_tokens=24))
+        greedy = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        greedy.settimeout(WAIT)
+        greedy.connect(str(path))
+        flood = 3 * ServiceLimits().max_queued  # one client asks for three times what it may queue
+        greedy.sendall(frame([0, 1, "hello", {"protocol": 1}]) + b"".join(
+            frame([0, 2 + n, "fill", {"request": slow, "document": f"doc{n}"}]) for n in range(flood)))
+        refused, data = 0, b""
+        while refused < flood - ServiceLimits().max_queued - 1:  # all but the queue and the running one
+            data += greedy.recv(65536)
+            while len(data) >= 4 and len(data) >= 4 + struct.unpack(">I", data[:4])[0]:
+                size = struct.unpack(">I", data[:4])[0]
+                message, data = msgpack.unpackb(data[4 : 4 + size]), data[4 + size :]
+                if message[0] == 1 and message[2] is not None:
+                    assert message[2]["type"] == "QueueFull" and "limit" in message[2]["message"]
+                    refused += 1
+        other = EngineClient.connect(str(path))  # another client still gets its turn: round robin, not FIFO
+        assert other.fill(InfillRequest(prefix="def add(a, b):\n    return ", suffix="\n", language="python",
+                                        max_tokens=16)).text == "a + b"
+        assert other.status()["queued"] > 0  # served while the greedy client's backlog still waits
+        other.close()
+        greedy.close()
+    finally:
+        stop(process)
