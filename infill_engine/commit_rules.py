@@ -134,6 +134,30 @@ def end_after_line_break(denoiser: Denoiser, state: CanvasState) -> None:
     state.committed |= ends  # settle_ends then fills the rest of the row
 
 
+def settle_tail(denoiser: Denoiser, state: CanvasState, prediction: Prediction, active: torch.Tensor,
+                floor: float) -> None:
+    """Commit end-of-span at once where the model's argmax ends the span from some position to the end of the canvas.
+
+    A position belongs to the tail when its argmax is end-of-span with probability >= `floor` (or it already holds
+    a committed end-of-span); the tail is the run of such positions that reaches the canvas's last position.
+    Without this rule a confident model still walks the end in from the right, one position per step.
+    """
+    end_ids = denoiser.special.end_of_span_ids
+    if not end_ids:
+        return
+    ends = torch.tensor(end_ids, device=state.tokens.device)
+    argmax_prob = prediction.model_probs.gather(-1, prediction.argmax[..., None]).squeeze(-1)  # (B, N)
+    predicted = torch.isin(prediction.argmax, ends) & (argmax_prob >= floor) & ~state.committed
+    held = torch.isin(state.tokens, ends) & state.committed
+    ending = predicted | held  # (B, N)
+    tail = ending.flip(-1).long().cumprod(dim=-1).flip(-1).bool()  # (B, N) every position from here on is ending
+    chosen = tail & predicted & active & ~state.frozen
+    if bool(chosen.any()):
+        state.tokens = torch.where(chosen, prediction.argmax, state.tokens)
+        state.probs = torch.where(chosen, argmax_prob, state.probs)
+        state.committed |= chosen
+
+
 def ended_rows(tokens: torch.Tensor, committed: torch.Tensor, end_ids: tuple[int, ...]) -> torch.Tensor:
     """Rows (B,) where a committed end-of-span token settles the rest of the span."""
     if not end_ids:
@@ -183,6 +207,7 @@ class KeepCommitted:
     threshold: float  # the score a position needs (by_threshold)
     revise_below: float  # self-correction: re-noise a committed token whose probability fell below this; 0 = off
     stop_at_line_break: bool  # end the span after the first line break of its committed start
+    tail_floor: float | None = None  # settle an end-of-span tail at once (see `settle_tail`); None: off
 
     def commit(self, state: CanvasState, prediction: Prediction, active: torch.Tensor, steps_left: int) -> None:
         """Commit the surest free positions, re-noise committed ones the model changed its mind on, settle ends."""
@@ -192,6 +217,8 @@ class KeepCommitted:
         state.probs = torch.where(chosen, prediction.drawn_probs, state.probs)
         state.committed |= chosen
         self.revise(state, prediction, active & ~chosen)
+        if self.tail_floor is not None:
+            settle_tail(self.denoiser, state, prediction, active, self.tail_floor)
         if self.stop_at_line_break:
             end_after_line_break(self.denoiser, state)
         settle_ends(self.denoiser, state)
@@ -269,9 +296,10 @@ def commit_rule(
     entropy_bound: float,
     revise_below: float,
     stop_at_line_break: bool,
+    tail_floor: float | None = None,
 ) -> CommitRule:
     """The rule named by `SamplerConfig.commit`: "threshold", "schedule" or "entropy_bound"."""
     if commit == "entropy_bound":
         return EntropyBound(denoiser, generator, entropy_bound)
     quota = by_schedule if commit == "schedule" else by_threshold
-    return KeepCommitted(denoiser, generator, quota, threshold, revise_below, stop_at_line_break)
+    return KeepCommitted(denoiser, generator, quota, threshold, revise_below, stop_at_line_break, tail_floor)

@@ -9,6 +9,7 @@ blocks. A step of `denoise_block` reads like the papers: predict, pick tokens, c
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -55,6 +56,10 @@ class SamplerConfig:
             so by default the first position cannot end it).
         stop_at_line_break: single-line fills: once the committed run from the span start holds a line break, the
             span ends there (what follows would be cut anyway), so no step is spent on it.
+        settle_tail: commit="threshold"/"schedule": when the argmax is end-of-span at every position from some
+            position to the end of the canvas, each with probability >= `tail_floor`, that whole tail is
+            committed as end-of-span in one step (instead of walking the end in from the right step by step).
+        tail_floor: settle_tail: the model probability of end-of-span each position of the tail needs.
         seed: the random seed; the same seed and inputs give the same output.
     """
 
@@ -74,6 +79,8 @@ class SamplerConfig:
     allow_end_of_span: bool = True
     min_tokens: int = 1
     stop_at_line_break: bool = False
+    settle_tail: bool = True
+    tail_floor: float = 0.5
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -90,6 +97,8 @@ class SamplerConfig:
             problems.append(f"threshold must be within 0..1 (got {self.threshold!r})")
         if not self.entropy_bound > 0:
             problems.append(f"entropy_bound must be > 0 (got {self.entropy_bound!r})")
+        if not 0.0 <= self.tail_floor <= 1.0:
+            problems.append(f"tail_floor must be within 0..1 (got {self.tail_floor!r})")
         if not 0.0 <= self.revise_below < 1.0:
             problems.append(f"revise_below must be within 0..1 (got {self.revise_below!r})")
         if not isinstance(self.min_tokens, int) or self.min_tokens < 0:
@@ -135,6 +144,14 @@ class Denoising:
     generator: torch.Generator  # the one random stream of the fill, seeded from config.seed
     stats: FillStats
     on_step: StepCallback | None
+    deadline: float | None = None  # time.perf_counter() after which each block takes its argmax; None: no limit
+
+    def out_of_time(self) -> bool:
+        """Whether the request's time budget has run out (recorded in the stats)."""
+        if self.deadline is None or time.perf_counter() < self.deadline:
+            return False
+        self.stats.over_budget = True
+        return True
 
 
 @dataclass(frozen=True)
@@ -208,17 +225,29 @@ def forbid_tokens(
 
 def entropy(probs: torch.Tensor) -> torch.Tensor:
     """Entropy in nats of each position's distribution (B, N)."""
-    return -(probs * torch.log(probs.clamp_min(1e-30))).sum(dim=-1)
+    return -(probs * torch.log(probs.clamp_min(1e-30))).sum(dim=-1)  # torch.special.entr is 3x slower on CPU
 
 
-def draw_tokens(probs: torch.Tensor, temps: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """Sample a token per position (B, N) from `probs`; argmax on rows whose temperature is 0."""
-    batch, length, vocab = probs.shape
-    greedy = probs.argmax(dim=-1)
-    if bool((temps > 0).any()):  # an Exp(1) draw per vocabulary entry of every row, greedy ones too: the seed stream
-        sampled = torch.multinomial(probs.view(-1, vocab), num_samples=1, generator=generator).view(batch, length)
-        return torch.where((temps > 0)[:, None], sampled, greedy)
-    return greedy
+def draw_tokens(
+    probs: torch.Tensor, temps: torch.Tensor, greedy: torch.Tensor, generator: torch.Generator
+) -> torch.Tensor:
+    """Sample a token per position (B, N) from `probs`; `greedy` (B, N) on rows whose temperature is 0.
+
+    Inverse-CDF sampling: one uniform draw per position, found in the running sum of the row's probabilities (in
+    float64, so that no token's share is lost to rounding). An exact draw from `probs`, at the cost of one pass over
+    the vocabulary; `torch.multinomial` draws an exponential variate per vocabulary entry instead, which cost more
+    than the model's own forward pass with two candidates.
+    """
+    sampling = temps > 0  # (B,)
+    if not bool(sampling.any()):
+        return greedy
+    uniform = torch.rand(probs.shape[:2], generator=generator, device=probs.device, dtype=torch.float64)  # (B, N)
+    cdf = probs[sampling].double().cumsum(dim=-1)  # (S, N, V) S sampling rows
+    target = uniform[sampling] * cdf[..., -1]  # (S, N) within [0, total)
+    sampled = torch.searchsorted(cdf, target[..., None], right=True).squeeze(-1)  # (S, N) first cdf > target
+    drawn = greedy.clone()
+    drawn[sampling] = sampled.clamp_max(probs.shape[-1] - 1)
+    return drawn
 
 
 def order_scores(
@@ -237,14 +266,20 @@ def order_scores(
 
 def pick_tokens(logits: torch.Tensor, temps: torch.Tensor, order: str, generator: torch.Generator) -> Prediction:
     """Draw a token per position from `logits` (B, N, V) at each row's temperature `temps` (B,), and score it."""
-    safe = torch.where(temps > 0, temps, torch.ones_like(temps))  # greedy rows are left as they are
-    scaled = logits.float() / safe[:, None, None]  # (B, N, V)
-    probs = torch.softmax(scaled, dim=-1, dtype=torch.float32)  # (B, N, V) at the sampling temperature
-    model_probs = torch.softmax(logits.float(), dim=-1) if bool((temps > 0).any()) else probs  # (B, N, V)
-    drawn = draw_tokens(probs, temps, generator)  # (B, N)
+    sampling = bool((temps > 0).any())
+    logits = logits.float()
+    if sampling:  # greedy rows are left as they are
+        safe = torch.where(temps > 0, temps, torch.ones_like(temps))
+        scaled = logits / safe[:, None, None]  # (B, N, V)
+    else:
+        scaled = logits
+    probs = torch.softmax(scaled, dim=-1)  # (B, N, V) at the sampling temperature
+    model_probs = torch.softmax(logits, dim=-1) if sampling else probs  # (B, N, V)
+    argmax = scaled.argmax(dim=-1)  # (B, N) the most likely token, at any temperature
+    drawn = draw_tokens(probs, temps, argmax, generator)  # (B, N)
     scores = order_scores(probs, drawn, order, generator)  # (B, N)
     drawn_probs = model_probs.gather(-1, drawn[..., None]).squeeze(-1)  # (B, N)
-    return Prediction(scaled, model_probs, drawn, drawn_probs, scaled.argmax(dim=-1), scores, entropy(probs))
+    return Prediction(scaled, model_probs, drawn, drawn_probs, argmax, scores, entropy(probs))
 
 
 def stable_rows(history: list[torch.Tensor], needed: int) -> torch.Tensor:
@@ -303,6 +338,8 @@ def denoise_block(run: Denoising, block: Block, state: CanvasState) -> int:
         self_conditioning = prediction.logits if run.denoiser.uses_self_conditioning else None
         if run.on_step is not None and run.on_step(StepView(block.index, step, state.tokens, state.committed)) is False:
             raise FillCancelled()
+        if not bool(done.all()) and run.out_of_time():
+            break
     rule.finish(state, prediction, in_window)  # step limit reached: what is undecided takes the last argmax
     return step + 1
 
@@ -368,11 +405,13 @@ def denoise_span(
     on_step: StepCallback | None = None,
     initial: torch.Tensor | None = None,
     frozen: torch.Tensor | None = None,
+    deadline: float | None = None,
 ) -> DenoisedSpan:
     """Denoise a span of `span_length` positions between prefix and suffix for `batch_size` candidates.
 
     With `initial` (N,) or (B, N) tokens and a `frozen` mask, the frozen positions are kept and the others are
-    re-noised and decided again (used to repair and to refine).
+    re-noised and decided again (used to repair and to refine). Past `deadline` (a `time.perf_counter()` value),
+    a block stops after its current step and its undecided positions take the argmax.
     """
     if frozen is not None and initial is None:
         raise ValueError("a frozen mask needs the initial tokens it keeps")
@@ -381,8 +420,9 @@ def denoise_span(
     rule = commit_rule(
         config.commit, denoiser, generator, threshold=config.threshold, entropy_bound=config.entropy_bound,
         revise_below=config.revise_below, stop_at_line_break=config.stop_at_line_break,
+        tail_floor=config.tail_floor if config.settle_tail else None,
     )
-    run = Denoising(denoiser, config, rule, generator, stats, on_step)
+    run = Denoising(denoiser, config, rule, generator, stats, on_step, deadline)
     state = initial_state(denoiser, batch_size, span_length, generator, initial, frozen)
     windows = block_windows(span_length, config.block_size, whole=initial is not None)
     if denoiser.block_mode == "restrict" or len(windows) == 1:

@@ -397,3 +397,64 @@ def test_a_frozen_mask_needs_initial_tokens(tokenizer):
     denoiser = ScriptedDenoiser(tokenizer, ["ab"])
     with pytest.raises(ValueError, match="frozen mask needs the initial tokens"):
         denoise_span(denoiser, [], [], 4, GREEDY, frozen=torch.tensor([True, False, False, False]))
+
+
+# ------------------------------------------------------------------------------- settling an end-of-span tail
+
+class TargetsDenoiser(ScriptedDenoiser):
+    """Predicts the given token ids per position (`rows`), each with its own margin."""
+
+    def __init__(self, tokenizer, rows: list[list[int]], confidence: list[float]) -> None:
+        super().__init__(tokenizer, [""], confidence=confidence)
+        self.rows = rows
+
+    def encode(self, prefix_ids, suffix_ids, span_length, batch_size) -> EncodedContext:
+        self.encodes += 1
+        return EncodedContext(prefix_ids, suffix_ids, span_length, batch_size, torch.tensor(self.rows))
+
+
+def walking_end(tokenizer, text: str, length: int) -> tuple[list[int], list[float]]:
+    """Token ids of `text` then end-of-span, and margins: the text unsure, the end surer towards the right (p about
+    0.67 to 0.83 in the tiny vocabulary: under the threshold of 0.9, over the tail's floor of 0.5)."""
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    return ids, [2.0] * len(ids) + [6.0 + 0.1 * i for i in range(length - len(ids))]
+
+
+@pytest.mark.parametrize("settle_tail, tail_floor", [(True, 0.5), (False, 0.5), (True, 0.95)])
+def test_an_end_of_span_tail_is_settled_in_one_step(tokenizer, settle_tail, tail_floor):
+    ids, confidence = walking_end(tokenizer, "ab", 12)
+    denoiser = ScriptedDenoiser(tokenizer, ["ab"], confidence=confidence)
+    stats = FillStats()
+    config = replace(GREEDY, settle_tail=settle_tail, tail_floor=tail_floor)
+    span = denoise_span(denoiser, [], [], 12, config, stats=stats)
+    assert text_of(tokenizer, denoiser, span.tokens[0]) == "ab"
+    if settle_tail and tail_floor < 0.67:
+        assert stats.forward_passes == 1 + len(ids)  # the whole tail, then one text position per step
+    else:  # the end walks in from the right, one position per step
+        assert stats.forward_passes == 12
+
+
+def test_only_an_end_of_span_run_reaching_the_canvas_end_is_settled(tokenizer):
+    end = ScriptedDenoiser(tokenizer, [""]).special.end_of_span_ids[0]
+    a, b = (tokenizer(t, add_special_tokens=False)["input_ids"][0] for t in "ab")
+    denoiser = TargetsDenoiser(tokenizer, [[a, end, end, b, end, end, end, end]],
+                               confidence=[14.0, 6.5, 6.5, 2.0, 6.0, 6.2, 6.4, 6.6])
+    counts, span = committed_counts(denoiser, GREEDY, 8)
+    after_first_step = (denoiser.seen_canvases[1][0] != denoiser.special.mask_id).tolist()
+    assert after_first_step == [True, False, False, False, True, True, True, True]  # "a" and the tail only
+    without = denoise_span(TargetsDenoiser(tokenizer, denoiser.rows, denoiser.confidence), [], [], 8,
+                           replace(GREEDY, settle_tail=False))
+    assert torch.equal(span.tokens, without.tokens)  # the rule saves steps; the answer is the same
+
+
+def test_sampling_follows_the_distribution_and_never_draws_a_forbidden_token():
+    from infill_engine.sampler import draw_tokens
+
+    probs = torch.zeros(2, 20_000, 8)  # (B, N, V): tokens 0, 3, 4, 6 and 7 are forbidden (probability 0)
+    probs[..., 1], probs[..., 2], probs[..., 5] = 0.5, 0.3, 0.2
+    greedy = probs.argmax(dim=-1)
+    drawn = draw_tokens(probs, torch.tensor([0.0, 1.0]), greedy, torch.Generator().manual_seed(0))
+    assert torch.equal(drawn[0], greedy[0])  # the greedy row keeps its argmax
+    shares = torch.bincount(drawn[1], minlength=8).float() / 20_000
+    assert shares[[0, 3, 4, 6, 7]].sum() == 0
+    assert shares[[1, 2, 5]].tolist() == pytest.approx([0.5, 0.3, 0.2], abs=0.015)
