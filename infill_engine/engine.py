@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import logging
 import math
+import time
 from dataclasses import replace
 
 import torch
@@ -106,6 +107,7 @@ class InfillEngine:
         config = self.sampler if request.seed is None else replace(self.sampler, seed=request.seed)
         if request.single_line:  # the fill is cut at its first line break: stop denoising there
             config = replace(config, stop_at_line_break=True)
+        deadline = None if request.budget_ms is None else time.perf_counter() + request.budget_ms / 1000.0
         with stats.timed("total"):
             with stats.timed("tokenize"):
                 trimmed = trim_context(
@@ -113,7 +115,7 @@ class InfillEngine:
                 )
             span = self._fill_span(
                 self.denoiser, trimmed.prefix_ids, trimmed.suffix_ids, request.max_tokens, config,
-                batch_size=request.candidates, stats=stats, on_step=on_step,
+                batch_size=request.candidates, stats=stats, on_step=on_step, deadline=deadline,
             )
             candidates = self._decode(span, request.single_line)
             document = request.prefix + request.suffix
@@ -123,7 +125,7 @@ class InfillEngine:
                 rounds = self.repair_rounds if request.repair_rounds is None else request.repair_rounds
                 with stats.timed("repair"):
                     self._repair(request, trimmed.prefix_ids, trimmed.suffix_ids, candidates, language, config, stats,
-                                 rounds)
+                                 rounds, deadline)
         return _ranked(candidates, stats)
 
     def context_budget(self, span_tokens: int) -> ContextConfig:
@@ -192,14 +194,22 @@ class InfillEngine:
         config: SamplerConfig,
         stats: FillStats,
         rounds: int,
+        deadline: float | None = None,
     ) -> None:
-        """Re-noise the tokens around each new syntax problem and denoise them again, at most `rounds` times."""
+        """Re-noise the tokens around each new syntax problem and denoise them again, at most `rounds` times.
+
+        No round starts after `deadline` (a `time.perf_counter()` value): the candidates stay as they are.
+        Repairs count their forward passes in `stats` and their time under "repair" only.
+        """
         document = request.prefix + request.suffix
         start = len(request.prefix)
         end_id = self.denoiser.special.end_of_span_ids[0] if self.denoiser.special.end_of_span_ids else None
         for round_index in range(rounds):
             failing = [c for c in candidates if c.gate is not None and not c.gate.ok and c.token_ids]
             if not failing:
+                return
+            if deadline is not None and time.perf_counter() >= deadline:
+                stats.over_budget = True
                 return
             length = request.max_tokens
             initial = torch.full((len(failing), length), end_id if end_id is not None else 0, dtype=torch.long)
@@ -218,10 +228,14 @@ class InfillEngine:
                 temperature_end=max(config.temperature_end, 0.4),
                 seed=config.seed + round_index + 1,
             )
+            spent = FillStats()  # its encode and denoise time belong to "repair", its passes to the fill
             span = denoise_span(
                 self.denoiser, prefix_ids, suffix_ids, length, repair_config,
-                batch_size=len(failing), stats=stats, initial=initial, frozen=frozen,
+                batch_size=len(failing), stats=spent, initial=initial, frozen=frozen, deadline=deadline,
             )
+            stats.forward_passes += spent.forward_passes
+            stats.context_encodes += spent.context_encodes
+            stats.over_budget |= spent.over_budget
             stats.repairs += 1
             for candidate, repaired in zip(failing, self._decode(span, request.single_line)):
                 gate = syntax.check_fill(document, start, start, repaired.text, language)

@@ -19,6 +19,7 @@ This routine is chosen once per engine, when the model's tokenizer has both toke
 from __future__ import annotations
 
 import math
+import time
 
 import torch
 
@@ -41,11 +42,13 @@ def denoise_growing_span(
     batch_size: int = 1,
     stats: FillStats | None = None,
     on_step: StepCallback | None = None,
+    deadline: float | None = None,
 ) -> DenoisedSpan:
     """Denoise a span that starts from `INITIAL_MASKS` masks and may grow to `span_length` positions, per candidate.
 
     The result has the shape of the fixed-length loop's: (B, span_length) tokens, each row padded after its end
-    with end-of-span tokens (or padding, for a model without one).
+    with end-of-span tokens (or padding, for a model without one). Past `deadline` (a `time.perf_counter()` value)
+    each row stops growing and its masks take the argmax.
     """
     if denoiser.special.expand_id is None or denoiser.special.delete_id is None or denoiser.special.mask_id is None:
         raise ValueError("a growing span needs a masked-diffusion model with expand and delete tokens")
@@ -58,7 +61,7 @@ def denoise_growing_span(
     with stats.timed("denoise"):
         for row in range(batch_size):
             tokens, probs, taken = denoise_row(denoiser, context, span_length, config, row, batch_size, generator,
-                                               stats, on_step)
+                                               stats, on_step, deadline)
             rows.append((tokens, probs))
             steps.append(taken)
     return padded(denoiser, rows, span_length, steps)
@@ -74,6 +77,7 @@ def denoise_row(
     generator: torch.Generator,
     stats: FillStats,
     on_step: StepCallback | None,
+    deadline: float | None = None,
 ) -> tuple[list[int], list[float], int]:
     """One candidate's span: its tokens, the probability each was committed with, and the steps taken."""
     mask = int(denoiser.special.mask_id)  # type: ignore[arg-type]
@@ -101,6 +105,9 @@ def denoise_row(
             view = torch.tensor([tokens], dtype=torch.long)
             if on_step(StepView(0, step, view, view != mask)) is False:
                 raise FillCancelled()
+        if deadline is not None and mask in tokens and time.perf_counter() >= deadline:
+            stats.over_budget = True
+            break
     if mask in tokens:  # step limit: the masks left take the model's argmax (no more growing or shrinking)
         canvas = torch.tensor([tokens], dtype=torch.long, device=denoiser.device)
         logits = allowed_logits(denoiser, denoiser.predict(context, canvas), max_length, max_length,

@@ -33,6 +33,7 @@ class InfillRequest:
     seed: int | None = None  # overrides SamplerConfig.seed
     single_line: bool = False  # the fill ends at its first line break (ghost text in the middle of a line)
     repair_rounds: int | None = None  # overrides the engine's repair budget (0: reject without repairing)
+    budget_ms: int | None = None  # ms, then the loop takes its argmax and repairs are skipped; None: no limit
 
     def validate(self) -> None:
         """Raise ValueError saying what is wrong and what is allowed."""
@@ -44,6 +45,9 @@ class InfillRequest:
             raise ValueError(f"candidates must be an integer from 1 to {MAX_CANDIDATES} (got {self.candidates!r})")
         if self.repair_rounds is not None and (not isinstance(self.repair_rounds, int) or self.repair_rounds < 0):
             raise ValueError(f"repair_rounds must be an integer >= 0 (got {self.repair_rounds!r})")
+        if self.budget_ms is not None and (not isinstance(self.budget_ms, int) or isinstance(self.budget_ms, bool)
+                                           or self.budget_ms < 0):
+            raise ValueError(f"budget_ms must be an integer >= 0 (milliseconds) or None (got {self.budget_ms!r})")
 
 
 @dataclass

@@ -19,6 +19,7 @@ class FillStats:
     candidates: int = 0  # canvases denoised in one batch
     repairs: int = 0  # re-noise-and-denoise rounds spent on candidates the syntax gate rejected
     stopped_early: bool = False  # the loop ended because the canvas was stable and confident
+    over_budget: bool = False  # the time budget ran out: the loop took its argmax early, or repairs were skipped
     ms: dict[str, float] = field(default_factory=dict)  # stage -> milliseconds
 
     @property
@@ -46,5 +47,6 @@ class FillStats:
             "candidates": self.candidates,
             "repairs": self.repairs,
             "stopped_early": self.stopped_early,
+            "over_budget": self.over_budget,
             "ms": {k: round(v, 2) for k, v in self.ms.items()},
         }

@@ -102,7 +102,7 @@ def fill_job(
         extra = as_comments(chunks, language, around.newline)
     request = InfillRequest(
         prefix=extra + cursor.prefix, suffix=cursor.suffix, language=language, max_tokens=max_tokens,
-        candidates=candidates, single_line=not around.multiline,
+        candidates=candidates, single_line=not around.multiline, budget_ms=settings.completion.budget_ms,
     )
     try:
         result = engine.fill(request, on_step=ticket.on_step, document=ticket.key)

@@ -34,7 +34,7 @@ def request_from_wire(data: Any) -> InfillRequest:
         raise ValueError(f"missing request fields: {', '.join(missing)}")
     request = InfillRequest(**data)
     request.validate()
-    for name in ("language", "seed", "repair_rounds"):
+    for name in ("language", "seed", "repair_rounds", "budget_ms"):
         value = getattr(request, name)
         if value is not None and not isinstance(value, str if name == "language" else int):
             raise ValueError(f"{name} has the wrong type ({type(value).__name__})")
