@@ -207,3 +207,33 @@ def test_no_shipped_code_evaluates_text_and_only_the_harness_runs_a_completion()
     from infill_engine.evaluation import SANDBOX_PRELUDE
 
     assert "RLIMIT_AS" in SANDBOX_PRELUDE and "RLIMIT_FSIZE" in SANDBOX_PRELUDE and "addaudithook" in SANDBOX_PRELUDE
+
+
+# ------------------------------------------------------------------------------------------- the socket directory
+
+
+def test_a_socket_directory_with_loose_permissions_is_made_private(tmp_path):
+    import os
+    import stat
+
+    from infill_engine.service.address import ensure_private_dir
+
+    loose = tmp_path / "loose"
+    loose.mkdir(mode=0o777)
+    os.chmod(loose, 0o777)
+    assert ensure_private_dir(loose) == loose
+    assert stat.S_IMODE(os.stat(loose).st_mode) == 0o700
+
+
+def test_a_socket_directory_of_another_user_is_refused(tmp_path):
+    import os
+
+    from infill_engine.service.address import ensure_private_dir
+
+    if os.getuid() != 0:
+        pytest.skip("making a directory that belongs to another user needs root")
+    planted = tmp_path / "planted"  # what another user could create in /tmp before us
+    planted.mkdir(mode=0o777)
+    os.chown(planted, 65534, 65534)
+    with pytest.raises(PermissionError, match="belongs to another user"):
+        ensure_private_dir(planted)
