@@ -97,19 +97,21 @@ def table(report: dict) -> str:
     lines = [
         f"diffusion: {report['model']}  twin: {report['twin']}  threads {report['threads']}  "
         f"{diffusion['problems']} problems, {report['max_tokens']} positions",
-        f"{'':16}{'pass@1':>8}{'exact':>8}{'ms p50':>9}{'ms mean':>9}{'ms p90':>9}{'fwd p50':>9}{'tok p50':>9}",
+        f"{'':16}{'pass@1':>8}{'exact':>8}{'ms p50':>9}{'ms mean':>9}{'ms p90':>9}{'cpu p50':>9}{'fwd p50':>9}"
+        f"{'tok p50':>9}",
     ]
     for name, side in (("diffusion", diffusion), ("autoregressive", twin)):
         lines.append(f"{name:16}{side['pass@1']:>8}{side['exact_match']:>8}{side['ms_median']:>9}"
-                     f"{side['ms_mean']:>9}{side['ms_p90']:>9}{side['forward_passes_median']:>9}"
+                     f"{side['ms_mean']:>9}{side['ms_p90']:>9}{side['cpu_ms_median']:>9}{side['forward_passes_median']:>9}"
                      f"{side['tokens_median']:>9}")
     lines.append(f"diffusion is {report['speedup_median']}x the twin's speed (median ms; mean: "
-                 f"{report['speedup_mean']}x), pass@1 {report['pass@1_difference']:+} points")
+                 f"{report['speedup_mean']}x; CPU ms: {report['speedup_cpu_median']}x), pass@1 "
+                 f"{report['pass@1_difference']:+} points")
     points = report["sweep"]["points"]
     if points:
         lines.append(f"sweep ({report['sweep']['problems']} problems):")
-        lines.append(f"  {'side':16}{'setting':42}{'pass@1':>8}{'exact':>8}{'ms p50':>9}{'fwd p50':>9}")
+        lines.append(f"  {'side':16}{'setting':42}{'pass@1':>8}{'exact':>8}{'ms p50':>9}{'cpu p50':>9}{'fwd p50':>9}")
         for p in points:
             lines.append(f"  {p['side']:16}{p['setting']:42}{p['pass@1']:>8}{p['exact_match']:>8}"
-                         f"{p['ms_median']:>9}{p['forward_passes_median']:>9}")
+                         f"{p['ms_median']:>9}{p['cpu_ms_median']:>9}{p['forward_passes_median']:>9}")
     return "\n".join(lines)

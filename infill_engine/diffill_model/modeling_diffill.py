@@ -133,7 +133,8 @@ class DiffillAttention(nn.Module):
         attn_mask: torch.Tensor | None,
         context_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Attention output (B, T, E), and x's own keys and values (B, Hkv, T, D) for caching."""
+        """Attention output (B, T, E), and the keys and values attended (B, Hkv, C + T, D): the cached context's, if
+        any, followed by x's own, for caching."""
         B, T, E = x.shape
         kv_width = self.num_kv_heads * self.head_dim
         q, k, v = self.qkv_proj(x).split([E, kv_width, kv_width], dim=-1)  # (B, T, E), (B, T, Hkv D) twice
@@ -148,7 +149,7 @@ class DiffillAttention(nn.Module):
         grouped = self.num_kv_heads != self.num_heads  # each key/value head serves H / Hkv query heads
         y = F.scaled_dot_product_attention(q, keys, values, attn_mask=attn_mask, enable_gqa=grouped)  # (B, H, T, D)
         y = y.transpose(1, 2).reshape(B, T, E)  # (B, T, E)
-        return self.o_proj(y), k, v
+        return self.o_proj(y), keys, values
 
 
 class DiffillMLP(nn.Module):
@@ -184,7 +185,7 @@ class DiffillBlock(GradientCheckpointingLayer):
         attn_mask: torch.Tensor | None,
         context_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """New hidden states (B, T, E), and this layer's keys and values of x (B, H, T, D)."""
+        """New hidden states (B, T, E), and this layer's keys and values attended (B, H, C + T, D) (see attention)."""
         attn_out, k, v = self.attn(self.attn_norm(x), cos, sin, attn_mask, context_kv)
         x = x + attn_out
         x = x + self.mlp(self.mlp_norm(x))
@@ -313,9 +314,9 @@ class DiffillForInfilling(DiffillPreTrainedModel):
             attn_mask = torch.cat([context_keys, new_keys], dim=-1)  # (B, 1, T, C + T)
         keys, values = [], []
         for block, context_k, context_v in zip(self.layers, cache.keys, cache.values):
-            x, k, v = block(x, cos, sin, attn_mask, (context_k, context_v))
-            keys.append(torch.cat([context_k.expand(B, -1, -1, -1), k], dim=2))  # (B, H, C + T, D)
-            values.append(torch.cat([context_v.expand(B, -1, -1, -1), v], dim=2))  # (B, H, C + T, D)
+            x, k, v = block(x, cos, sin, attn_mask, (context_k, context_v))  # k, v: the context's, then the new
+            keys.append(k)  # (B, H, C + T, D)
+            values.append(v)  # (B, H, C + T, D)
         padding_mask = None
         if cache.padding_mask is not None:
             padding_mask = torch.cat([cache.padding_mask.expand(B, -1), torch.ones_like(ids, dtype=torch.bool)], 1)
