@@ -33,6 +33,10 @@ ENGINE_MODES = ("inprocess", "shared", "auto", "remote")  # remote: a team serve
 DEFAULT_KEEP_ABOVE = 0.9
 DEFAULT_GROW = 4
 MAX_GROW = 64
+# llada and dream models: the prefix's and suffix's keys and values are computed again every this many denoising
+# steps and reused in between (Fast-dLLM's approximate dual cache, infill_engine/dual_cache.py); 0: every step runs
+# the whole sequence. Other families ignore it (diffill's context cache is exact; DiffusionGemma caches its prefix).
+DEFAULT_DUAL_CACHE = 4
 
 StepCallback = Callable[[Any], Any]  # called once per denoising step; returning False stops the fill
 
@@ -48,6 +52,7 @@ class ModelSpec:
     trust_remote_code: bool = False  # run a checkpoint's own modelling code (never by default)
     factory: str | None = None  # "module:function" building the engine from this spec instead (tests, demos)
     threads: int = field(default=0, compare=False)  # CPU threads for torch; 0: leave torch's choice
+    dual_cache: int = DEFAULT_DUAL_CACHE  # llada/dream: refresh the prefix/suffix keys and values every N steps; 0: off
 
     def __post_init__(self) -> None:
         if self.family is not None and self.family not in FAMILIES:
@@ -58,6 +63,9 @@ class ModelSpec:
             raise ValueError(f"an engine factory is MODULE:FUNCTION (got {self.factory!r})")
         if not isinstance(self.threads, int) or self.threads < 0:
             raise ValueError(f"threads must be an integer >= 0 (got {self.threads!r})")
+        if not isinstance(self.dual_cache, int) or isinstance(self.dual_cache, bool) or self.dual_cache < 0:
+            raise ValueError(f"dual_cache must be an integer >= 0: refresh every N steps, 0 off "
+                             f"(got {self.dual_cache!r})")
 
     @property
     def resolved_path(self) -> str | None:
@@ -250,6 +258,9 @@ def add_model_options(parser: argparse.ArgumentParser, *, threads: str | None = 
     parser.add_argument("--dtype", default="auto", choices=DTYPES, help="(default: auto)")
     parser.add_argument("--trust-remote-code", action="store_true",
                         help="allow a checkpoint's own modelling code (off by default)")
+    parser.add_argument("--dual-cache", type=int, default=DEFAULT_DUAL_CACHE, metavar="N",
+                        help="llada and dream models: reuse the prefix's and suffix's keys and values, computed again "
+                             f"every N steps; 0 runs the whole sequence every step (default: {DEFAULT_DUAL_CACHE})")
     if factory:
         parser.add_argument("--engine-factory", metavar="MODULE:FUNCTION",
                             help="build the engine with FUNCTION(spec) from MODULE instead of loading a checkpoint "
@@ -262,5 +273,6 @@ def model_spec_from_args(args: argparse.Namespace, **overrides: Any) -> ModelSpe
     """The ModelSpec of parsed `add_model_options` options; ValueError for a bad combination."""
     spec = ModelSpec(path=args.model, family=args.family, device=args.device, dtype=args.dtype,
                      trust_remote_code=args.trust_remote_code, factory=getattr(args, "engine_factory", None),
-                     threads=getattr(args, "threads", 0) or 0)
+                     threads=getattr(args, "threads", 0) or 0,
+                     dual_cache=getattr(args, "dual_cache", DEFAULT_DUAL_CACHE))
     return replace(spec, **overrides) if overrides else spec

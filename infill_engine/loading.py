@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # the adapters import torch; loading's constants and checks m
 
 logger = logging.getLogger(__name__)
 
-from infill_engine.interface import FAMILIES  # noqa: E402 - one list of families, torch-free
+from infill_engine.interface import DEFAULT_DUAL_CACHE, FAMILIES  # noqa: E402 - one list of families, torch-free
 # model_type (lower case) -> family, for the checkpoints we know
 KNOWN_MODEL_TYPES = {
     "diffill": "diffill",
@@ -32,6 +32,7 @@ KNOWN_MODEL_TYPES = {
     "open_dcoder": "dream",
 }
 SHIFTED_FAMILIES = {"dream"}
+DUAL_CACHE_FAMILIES = {"llada", "dream"}  # bidirectional LMs run whole each step, which the dual cache approximates
 PACKAGED_MODEL = Path(__file__).parent / "model"  # the embedded default checkpoint, when one is shipped
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")  # weights formats that unpickle: never loaded
 
@@ -123,8 +124,10 @@ def load_denoiser(
     device: str = "auto",
     dtype: str = "auto",
     trust_remote_code: bool = False,
+    dual_cache: int = DEFAULT_DUAL_CACHE,
 ) -> "Denoiser":
-    """Load a checkpoint directory or hub id (the shipped model when `path` is None) behind its family's adapter."""
+    """Load a checkpoint directory or hub id (the shipped model when `path` is None) behind its family's adapter;
+    `dual_cache` N >= 1: llada and dream models refresh their prefix/suffix keys and values every N steps."""
     from infill_engine.device import choose_device, choose_dtype
 
     if path is not None:
@@ -153,7 +156,7 @@ def load_denoiser(
         raise ModelLoadError(f"could not load the model in {info.path}: {error}") from error
     model.to(torch_device).eval()
     _own_memory(model)
-    return _wrap(info, model, tokenizer)
+    return _wrap(info, model, tokenizer, dual_cache)
 
 
 def _load_weights(info: ModelInfo, dtype: Any, trust_remote_code: bool) -> tuple[Any, Any]:
@@ -206,7 +209,7 @@ def _own_memory(model: Any) -> None:
                 tensor.data = tensor.data.clone()
 
 
-def _wrap(info: ModelInfo, model: Any, tokenizer: Any) -> "Denoiser":
+def _wrap(info: ModelInfo, model: Any, tokenizer: Any, dual_cache: int = DEFAULT_DUAL_CACHE) -> "Denoiser":
     """The adapter object for a loaded model."""
     from infill_engine.adapters.diffill import DiffillDenoiser
     from infill_engine.adapters.diffusion_gemma import DiffusionGemmaDenoiser
@@ -227,6 +230,7 @@ def _wrap(info: ModelInfo, model: Any, tokenizer: Any) -> "Denoiser":
             family=info.family,
             shift_logits=info.family in SHIFTED_FAMILIES,
             wrap_with_cls_sep=info.family == "mlm",
+            refresh_every=dual_cache if info.family in DUAL_CACHE_FAMILIES else 0,
         )
     except ValueError as error:
         raise ModelLoadError(str(error)) from error

@@ -14,7 +14,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import MISSING, Field, dataclass, field, fields, is_dataclass, replace
 from typing import Any
 
-from infill_engine.interface import DEFAULT_KEEP_ABOVE, DTYPES, ENGINE_MODES, FAMILIES, EngineOptions, ModelSpec
+from infill_engine.interface import (
+    DEFAULT_DUAL_CACHE,
+    DEFAULT_KEEP_ABOVE,
+    DTYPES,
+    ENGINE_MODES,
+    FAMILIES,
+    EngineOptions,
+    ModelSpec,
+)
 from infill_engine.request import MAX_CANDIDATES, MAX_SPAN_TOKENS
 
 DEVICES = ("auto", "cpu", "cuda", "mps")  # or "cuda:N"
@@ -102,6 +110,7 @@ class ModelSettings:
     dtype: str = _setting("auto", _choice(*DTYPES))  # auto: bfloat16/float16 on GPU, float32 on CPU
     trust_remote_code: bool = _setting(False, _boolean)  # run a checkpoint's own modelling code (never by default)
     threads: int = _setting(0, _integer(0, 256))  # CPU threads for torch; 0: half the cores, at least one
+    dual_cache: int = _setting(DEFAULT_DUAL_CACHE, _integer(0, 1024))  # llada/dream: cache refreshed every N steps; 0 off
 
     def spec(self, factory: str | None = None) -> ModelSpec:
         """The engine's ModelSpec of these settings (`factory`: `diffill serve --engine-factory`)."""
@@ -109,7 +118,7 @@ class ModelSettings:
 
         return ModelSpec(path=self.path, family=self.family, device=self.device, dtype=self.dtype,
                          trust_remote_code=self.trust_remote_code, factory=factory,
-                         threads=self.threads or half_the_cores())
+                         threads=self.threads or half_the_cores(), dual_cache=self.dual_cache)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -137,24 +137,32 @@ def build_bert(directory: Path, seed: int = 0) -> Path:
     return _save(BertForMaskedLM(config), tokenizer, directory)
 
 
-def build_remote_code(directory: Path, family: str, seed: int = 0, extra_tokens: tuple[str, ...] = ()) -> Path:
+def build_remote_code(directory: Path, family: str, seed: int = 0, extra_tokens: tuple[str, ...] = (),
+                      rope: bool = False) -> Path:
     """A Dream- or LLaDA-style checkpoint whose modelling code ships in the directory (auto_map); `extra_tokens`
-    are added as special tokens (DreamOn's <|expand|> and <|delete|>)."""
+    are added as special tokens (DreamOn's <|expand|> and <|delete|>); `rope`: Dream's own architecture (rotary
+    positions, grouped-query attention, a key/value cache) instead of a plain encoder."""
     from tests.remote_code.modeling_tiny_masked import (
         TinyDreamConfig,
         TinyDreamModel,
         TinyLLaDAConfig,
         TinyLLaDAModel,
+        TinyRopeDreamConfig,
+        TinyRopeDreamModel,
+        TinyRopeLLaDAConfig,
+        TinyRopeLLaDAModel,
     )
 
     if family == "dream":
         tokenizer = build_tokenizer({"eos": "<|endoftext|>", "pad": "<|endoftext|>", "mask": "<|mask|>",
                                      **{f"extra_{i}": token for i, token in enumerate(extra_tokens)}})
-        config_class, model_class = TinyDreamConfig, TinyDreamModel
+        config_class, model_class = (TinyRopeDreamConfig, TinyRopeDreamModel) if rope else (TinyDreamConfig,
+                                                                                             TinyDreamModel)
     else:
         tokenizer = build_tokenizer({"eos": "<|eot_id|>", "pad": "<|eot_id|>", "bos": "<|startoftext|>",
                                      "mdm_mask": "<|mdm_mask|>"})
-        config_class, model_class = TinyLLaDAConfig, TinyLLaDAModel
+        config_class, model_class = (TinyRopeLLaDAConfig, TinyRopeLLaDAModel) if rope else (TinyLLaDAConfig,
+                                                                                             TinyLLaDAModel)
     torch.manual_seed(seed)
     model = model_class(config_class(vocab_size=len(tokenizer)))
     _save(model, tokenizer, directory)

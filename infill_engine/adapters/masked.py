@@ -1,8 +1,10 @@
 """Masked-diffusion LMs (LLaDA, Dream, DiffuCoder, Open-dCoder, CoDA) and encoder MLMs (BERT, RoBERTa, ModernBERT).
 
 These models see the whole sequence bidirectionally, so the context is run again with the canvas at every step:
-`prefix | span of mask tokens | suffix`. Dream-style models are adapted from autoregressive LMs and read the
-prediction for position i from output i-1 (`shift_logits`); LLaDA and encoder MLMs read it at position i.
+`prefix | span of mask tokens | suffix`, unless a dual cache (`infill_engine.dual_cache`, Fast-dLLM's approximation)
+keeps the prefix's and suffix's keys and values between refreshes. Dream-style models are adapted from autoregressive
+LMs and read the prediction for position i from output i-1 (`shift_logits`); LLaDA and encoder MLMs read it at
+position i.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import Any
 import torch
 
 from infill_engine.adapters.base import Denoiser, EncodedContext
+from infill_engine.dual_cache import DualCache, DualCacheState
 from infill_engine.special_tokens import SpecialTokens
 
 
@@ -30,6 +33,7 @@ class MaskedDenoiser(Denoiser):
         family: str,
         shift_logits: bool,
         wrap_with_cls_sep: bool = False,
+        refresh_every: int = 0,
     ) -> None:
         super().__init__(model, tokenizer, special, path)
         if special.mask_id is None:
@@ -40,6 +44,8 @@ class MaskedDenoiser(Denoiser):
         self.family = family
         self.shift_logits = shift_logits
         self.wrap_with_cls_sep = wrap_with_cls_sep
+        # refresh_every >= 1: the prefix and suffix keys and values are computed again every that many steps
+        self.dual_cache = DualCache(model, refresh_every, shift_logits, path) if refresh_every else None
 
     def _lead_ids(self) -> list[int]:
         """Tokens placed before the prefix: [CLS] for encoder MLMs, a start token for shifted models."""
@@ -65,14 +71,18 @@ class MaskedDenoiser(Denoiser):
         state = (
             torch.tensor([lead], dtype=torch.long, device=device),  # (1, P)
             torch.tensor([trail], dtype=torch.long, device=device),  # (1, S)
+            DualCacheState(),
         )
         return EncodedContext(list(prefix_ids), list(suffix_ids), span_length, batch_size, state)
 
     def predict(
         self, context: EncodedContext, canvas: torch.Tensor, self_conditioning: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """One full forward over prefix, canvas and suffix; logits of the span positions (B, N, V)."""
-        lead, trail = context.state
+        """One full forward over prefix, canvas and suffix (or the canvas against the dual cache); logits of the span
+        positions (B, N, V)."""
+        lead, trail, cached = context.state
+        if self.dual_cache is not None:
+            return self.dual_cache.predict(cached, lead, canvas, trail).float()
         batch, length = canvas.shape
         ids = torch.cat([lead.expand(batch, -1), canvas, trail.expand(batch, -1)], dim=1)  # (B, T)
         logits = self.model(input_ids=ids).logits  # (B, T, V)
