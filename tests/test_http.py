@@ -7,6 +7,7 @@ mapping's pure parts are tested in process, and the tiny random checkpoint serve
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import time
@@ -196,12 +197,50 @@ def test_a_non_loopback_address_without_a_key_is_refused(capsys, monkeypatch):
     assert "0.0.0.0" in error and "--api-key" in error
 
 
-def test_the_tiny_model_answers_infill(tmp_path):
-    checkpoint = tiny_models.build_diffill(tmp_path / "diffill")
-    process, port = start_server("--model", str(checkpoint), "--threads", "1", scripted=False)
-    try:
-        status, body = request(port, "POST", "/infill", {**LLAMA_VIM, "n_predict": 8})
-        assert status == 200, body
-        assert isinstance(body["content"], str) and set(body) == set(LLAMA_VIM_FIELDS)
-    finally:
-        stop(process)
+def test_the_tiny_model_answers_infill_and_several_candidates(tmp_path):
+    from infill_engine.engine import InfillEngine
+    from infill_engine.http.app import InfillApp
+    from infill_engine.interface import ModelSpec
+
+    app = InfillApp(InfillEngine.load(ModelSpec(path=str(tiny_models.build_diffill(tmp_path / "diffill")))))
+    status, body = asyncio.run(call_app(app, "/infill", {**LLAMA_VIM, "n_predict": 8}))
+    assert status == 200, body
+    assert isinstance(body["content"], str) and list(body) == LLAMA_VIM_FIELDS
+    status, body = asyncio.run(call_app(app, "/v1/fill", {"prefix": "x = ", "suffix": "\n", "candidates": 3,
+                                                          "max_tokens": 8, "gate": False}))
+    assert status == 200 and body["stats"]["candidates"] == 3 and 1 <= len(body["candidates"]) <= 3, body
+
+
+async def call_app(app, path: str, body) -> tuple[int, dict]:
+    """One POST through the ASGI interface itself (the tiny model in this process; uvicorn is tested above)."""
+    data = json.dumps(body).encode()
+    sent: list[dict] = []
+    messages = [{"type": "http.request", "body": data, "more_body": False}]
+
+    async def receive() -> dict:
+        if messages:
+            return messages.pop(0)
+        await asyncio.sleep(3600)  # the client stays connected
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": path, "headers": [(b"content-type", b"application/json")]}
+    await app(scope, receive, send)
+    return sent[0]["status"], json.loads(b"".join(m.get("body", b"") for m in sent[1:]))
+
+
+def test_a_ray_replica_answers_each_call_of_a_batch_and_one_bad_call_fails_alone():
+    from infill_engine.http.ray_serve import run_calls
+    from tests.lsp.fake_engine import build_engine
+
+    fill = {"method": "fill", "args": {"request": {"prefix": ADD_PREFIX + ADD_LINE, "suffix": "\n"}}, "options": {}}
+    bad = {"method": "fill", "args": {"request": {"prefix": "x", "suffix": "", "max_tokens": 0}}, "options": {}}
+    count = {"method": "count_tokens", "args": {"text": "return a + b"}, "options": {"steps": 4}}
+    engine = build_engine(None)
+    answers = run_calls(engine, [fill, bad, count, fill])
+    assert answers[0]["result"]["candidates"][0]["text"] == "a + b" and answers[3] == answers[0]
+    assert answers[1]["error"]["kind"] == "ValueError" and "max_tokens" in answers[1]["error"]["message"]
+    assert answers[2]["result"] == engine.count_tokens("return a + b")
+    assert engine.denoiser.encodes == 1  # the two equal fills were denoised once

@@ -278,7 +278,7 @@ class InfillApp:
         started = time.perf_counter()
 
         def work(engine: _Stepped) -> tuple[InfillResult | None, int]:
-            tokens = engine.count_tokens(request.prefix) + engine.count_tokens(request.suffix)
+            tokens = engine.count_tokens(request.prefix + request.suffix)  # one call: a Ray engine asks a replica
             return (None if call.warm_up else engine.fill(request)), tokens
 
         def finish(done: tuple[InfillResult | None, int]) -> dict[str, Any]:

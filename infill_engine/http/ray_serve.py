@@ -188,7 +188,9 @@ def build_application(spec: ModelSpec, limits: Any, key: str | None, options: Ra
             return {"family": info.family, "path": info.path, "device": info.device}
 
         def stats(self) -> dict[str, Any]:
-            return {"batch_sizes": dict(self.batch_sizes), "uptime_s": round(time.monotonic() - self.started, 1)}
+            replica = serve.get_replica_context().replica_id.unique_id
+            return {"replica": replica, "batch_sizes": dict(self.batch_sizes),
+                    "uptime_s": round(time.monotonic() - self.started, 1)}
 
     def build_asgi() -> Any:
         from infill_engine.http.app import InfillApp
@@ -233,9 +235,11 @@ def serve_on_ray(spec: ModelSpec, limits: Any, key: str | None, host: str, port:
     return 0
 
 
-def replica_stats() -> list[dict[str, Any]]:
-    """Batch sizes seen by the model replicas (asks each call's replica; for scripts/ray-check)."""
+def replica_stats(asks: int = 16) -> dict[str, dict[str, Any]]:
+    """Batch sizes (calls per batch: size -> batches) seen by each model replica that answered one of `asks` asks
+    (a handle picks the replica; for scripts/ray-check)."""
     from ray import serve
 
     handle = serve.get_deployment_handle(MODEL_DEPLOYMENT, app_name=APP_NAME)
-    return [handle.stats.remote().result() for _ in range(8)]
+    answers = [handle.stats.remote().result() for _ in range(asks)]
+    return {answer["replica"]: answer for answer in answers}
