@@ -1,12 +1,19 @@
-"""Benchmarks: what a fill costs on this machine (`diffill bench spans|ghost`). Benchmarks measure; tests assert."""
+"""What a fill costs on this machine (`diffill bench spans|ghost|fill`). Benchmarks measure; tests assert."""
 
 from __future__ import annotations
 
+import math
 import statistics
-from dataclasses import replace
+import time
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from infill_engine.engine import InfillEngine, InfillRequest
+import torch
+
+from infill_engine.canvas import trim_context
+from infill_engine.commit_rules import fresh_noise
+from infill_engine.engine import InfillEngine, InfillRequest, InfillResult
+from infill_engine.sampler import SamplerConfig
 
 BENCH_PREFIX = (
     "import json\n\n\ndef load_settings(path):\n    \"\"\"Read a JSON settings file into a dict.\"\"\"\n"
@@ -68,3 +75,183 @@ def bench_ghost(
         "tokens_per_forward": round(statistics.median(r.stats.tokens_per_forward for r in runs), 3),
         "with_suggestion": round(sum(1 for r in runs if r.candidates and r.candidates[0].text.strip()) / len(runs), 3),
     }
+
+
+# ------------------------------------------------------------------------------------------ diffill bench fill
+
+LINE = "line"  # the span kind of single-line ghost text: `LINE_POSITIONS` positions, cut at the first line break
+LINE_POSITIONS = 24  # as the server's completion.lineTokens
+STAGES = ("tokenize", "encode", "denoise", "gate", "repair")  # disjoint parts of a fill's total
+
+
+@dataclass(frozen=True)
+class FillCase:
+    """One kind of fill the benchmark measures: a span of `positions`, single-line or not."""
+
+    name: str  # "line" or the positions as text
+    positions: int
+    single_line: bool
+
+
+def fill_cases(spans: list[str]) -> list[FillCase]:
+    """Cases from command-line spans: "line" or a number of positions; ValueError for anything else."""
+    cases = []
+    for span in spans:
+        if span == LINE:
+            cases.append(FillCase(LINE, LINE_POSITIONS, True))
+        elif span.isdigit() and int(span) >= 1:
+            cases.append(FillCase(span, int(span), False))
+        else:
+            raise ValueError(f"a span is {LINE!r} or a number of positions >= 1 (got {span!r})")
+    return cases
+
+
+def sampler_variant(text: str, base: SamplerConfig) -> SamplerConfig:
+    """`base` with "key=value,key=value" overrides of SamplerConfig fields; ValueError names a bad key or value."""
+    types = {f.name: type(getattr(base, f.name)) for f in fields(SamplerConfig)}
+    overrides: dict[str, Any] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, _, value = item.partition("=")
+        if key not in types or not value:
+            raise ValueError(f"a sampler override is KEY=VALUE with KEY one of {', '.join(types)} (got {item!r})")
+        if types[key] is bool:
+            if value.lower() not in ("true", "false"):
+                raise ValueError(f"{key} is true or false (got {value!r})")
+            overrides[key] = value.lower() == "true"
+        else:
+            try:
+                overrides[key] = types[key](value)
+            except ValueError:
+                raise ValueError(f"{key} must be a {types[key].__name__} (got {value!r})") from None
+    return replace(base, **overrides)
+
+
+def matmul_peak_gflops(size: int = 1024, repeats: int = 10) -> float:
+    """GFLOP/s of the fastest of `repeats` square fp32 matmuls at torch's current thread count."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    a @ b  # warm-up
+    best = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best / 1e9
+
+
+@torch.no_grad()
+def forward_cost(engine: InfillEngine, prefix: str, suffix: str, positions: int, candidates: int,
+                 repeats: int = 3) -> tuple[int, float]:
+    """FLOPs of one denoising forward pass at this hole (torch's FlopCounterMode) and its median milliseconds."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    denoiser = engine.denoiser
+    trimmed = trim_context(denoiser.tokenizer, prefix, suffix, engine.context_budget(positions))
+    context = denoiser.encode(trimmed.prefix_ids, trimmed.suffix_ids, positions, candidates)
+    canvas = fresh_noise(denoiser, (candidates, positions), torch.Generator(device=denoiser.device).manual_seed(0))
+    with FlopCounterMode(display=False) as counter:
+        denoiser.predict(context, canvas)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        denoiser.predict(context, canvas)
+        times.append((time.perf_counter() - start) * 1000.0)
+    return counter.get_total_flops(), statistics.median(times)
+
+
+def _measured_fill(engine: InfillEngine, request: InfillRequest) -> tuple[InfillResult, int]:
+    """The fill and the steps of its main loop (repairs excluded)."""
+    steps = 0
+
+    def count(_view: Any) -> None:
+        nonlocal steps
+        steps += 1
+
+    result = engine.fill(request, on_step=count)
+    return result, steps
+
+
+def bench_fill(
+    engine: InfillEngine,
+    holes: list[tuple[str, str]],
+    cases: list[FillCase],
+    variants: list[str] | None = None,
+    candidates: int = 1,
+) -> dict[str, Any]:
+    """Fills of each case at every hole, once per sampler variant (interleaved hole by hole, so that a change in
+    the machine's load falls on every variant alike): latency, passes, tokens per forward, the split into stages,
+    and achieved GFLOP/s against the matmul peak measured in the same run."""
+    variants = variants or [""]
+    base = engine.sampler
+    configs = [sampler_variant(text, base) for text in variants]
+    peak = matmul_peak_gflops()
+    rows = []
+    try:
+        for case in cases:
+            room = engine.denoiser.max_positions - case.positions - 2
+            if room < 16:  # no room left for context: say so instead of measuring a context-free fill
+                rows.append({"span": case.name, "positions": case.positions,
+                             "skipped": f"the model has {engine.denoiser.max_positions} positions"})
+                continue
+            requests = [InfillRequest(prefix, suffix, "python", max_tokens=case.positions, candidates=candidates,
+                                      single_line=case.single_line) for prefix, suffix in holes]
+            costs = [forward_cost(engine, r.prefix, r.suffix, case.positions, candidates) for r in requests]
+            runs: list[list[tuple[InfillResult, int]]] = [[] for _ in configs]
+            for index, request in enumerate(requests):
+                for variant, config in enumerate(configs):
+                    engine.sampler = config
+                    if index == 0:
+                        _measured_fill(engine, request)  # warm-up, not counted
+                    runs[variant].append(_measured_fill(engine, request))
+            for text, measured in zip(variants, runs):
+                rows.append(_fill_row(case, text or "defaults", measured, costs, peak))
+    finally:
+        engine.sampler = base
+    return {"matmul_peak_gflops": round(peak, 1), "holes": len(holes), "candidates": candidates, "rows": rows}
+
+
+def _fill_row(case: FillCase, variant: str, measured: list[tuple[InfillResult, int]],
+              costs: list[tuple[int, float]], peak: float) -> dict[str, Any]:
+    """The summary of one case and variant."""
+    stats = [result.stats for result, _ in measured]
+    totals = [s.ms["total"] for s in stats]
+    tokens, passes = sum(s.tokens_generated for s in stats), sum(s.forward_passes for s in stats)
+    step_flops = [flops * steps for (flops, _), (_, steps) in zip(costs, measured)]
+    step_gflops = [f / s.ms["denoise"] / 1e6 for f, s in zip(step_flops, stats) if s.ms.get("denoise")]
+    forward_gflops = [flops / ms / 1e6 for flops, ms in costs]
+    step_ms = [s.ms["denoise"] / steps for s, (_, steps) in zip(stats, measured) if steps]
+    achieved = statistics.median(step_gflops)
+    return {
+        "span": case.name,
+        "positions": case.positions,
+        "variant": variant,
+        "ms_median": round(statistics.median(totals), 1),
+        "ms_p95": round(_percentile(totals, 0.95), 1),
+        "forward_passes_median": statistics.median(s.forward_passes for s in stats),
+        "loop_steps_median": statistics.median(steps for _, steps in measured),
+        "tokens_per_forward": round(tokens / max(passes, 1), 3),  # all tokens over all passes, empty fills too
+        "tokens_median": statistics.median(s.tokens_generated for s in stats),
+        "repairs_mean": round(statistics.mean(s.repairs for s in stats), 2),
+        "with_suggestion": round(sum(1 for r, _ in measured if r.text and r.text.strip()) / len(measured), 3),
+        "ms_stages_median": {stage: round(statistics.median(s.ms.get(stage, 0.0) for s in stats), 2)
+                             for stage in STAGES},
+        "ms_per_step_median": round(statistics.median(step_ms), 2) if step_ms else None,
+        "ms_per_forward_median": round(statistics.median(ms for _, ms in costs), 2),
+        "gflop_per_forward": round(statistics.median(flops for flops, _ in costs) / 1e9, 4),
+        "gflops_steps": round(achieved, 2),
+        "gflops_forward_only": round(statistics.median(forward_gflops), 2),
+        "share_of_peak_steps": round(achieved / peak, 3),
+        "share_of_peak_forward_only": round(statistics.median(forward_gflops) / peak, 3),
+    }
+
+
+def profile_one_fill(engine: InfillEngine, prefix: str, suffix: str, case: FillCase, rows: int = 15) -> str:
+    """torch.profiler's table (operators by self CPU time) of one fill at this hole."""
+    from torch.profiler import ProfilerActivity, profile
+
+    request = InfillRequest(prefix, suffix, "python", max_tokens=case.positions, single_line=case.single_line)
+    engine.fill(request)  # warm-up
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        result, steps = _measured_fill(engine, request)
+    stats = result.stats
+    header = f"{steps} loop steps, {stats.forward_passes} forward passes, {stats.ms['total']:.0f} ms\n"
+    return header + prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows)

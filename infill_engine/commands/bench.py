@@ -1,4 +1,4 @@
-"""The engine's kinds of `diffill bench` (spans, ghost): what fills cost on this machine.
+"""The engine's kinds of `diffill bench` (spans, ghost, fill): what fills cost on this machine.
 
 Benchmarks measure; tests never assert timings. `diffill.bench` puts these kinds beside the editor-side ones.
 """
@@ -29,7 +29,67 @@ def add_kinds(kinds: argparse._SubParsersAction) -> dict[str, Callable[[argparse
     ghost.add_argument("--max-tokens", type=int, default=24, help="span positions (default 24, as mid-line)")
     ghost.add_argument("--candidates", type=int, default=1, help="canvases denoised together (default 1)")
     ghost.add_argument("--json", action="store_true", help="print JSON")
-    return {"spans": run_spans, "ghost": run_ghost}
+    fill = kinds.add_parser("fill", help="ms per fill, passes, tokens per forward, stages and GFLOP/s by span")
+    add_model_options(fill, threads=THREADS_HELP)
+    fill.add_argument("--data", help="JSONL(.gz) in the HumanEval-infilling format (default: ../shared/bench)")
+    fill.add_argument("--sample", type=int, default=20, metavar="N", help="holes, spread over the file (default 20)")
+    fill.add_argument("--spans", nargs="+", default=["line", "16", "64", "256"], metavar="SPAN",
+                      help="'line' (single-line ghost text, 24 positions) or positions (default: line 16 64 256)")
+    fill.add_argument("--candidates", type=int, default=1, help="canvases denoised together (default 1)")
+    fill.add_argument("--variant", action="append", metavar="KEY=VALUE[,...]",
+                      help="sampler settings to compare on the same holes in the same run, e.g. settle_tail=false; "
+                           "repeat for more (default: the model's own settings)")
+    fill.add_argument("--profile", action="store_true", help="add torch.profiler's table of one fill per span")
+    fill.add_argument("--json", action="store_true", help="print JSON")
+    fill.add_argument("--out", metavar="FILE", help="also write the JSON to FILE")
+    return {"spans": run_spans, "ghost": run_ghost, "fill": run_fill}
+
+
+def run_fill(args: argparse.Namespace) -> int:
+    """Per span kind and sampler variant: latency, passes, tokens per forward, stages and achieved GFLOP/s."""
+    import torch
+
+    from infill_engine.atomic import write_text_atomic
+    from infill_engine.bench import bench_fill, fill_cases, profile_one_fill, sampler_variant
+    from infill_engine.evaluation import DEFAULT_BENCH, load_problems, spread_sample
+
+    try:
+        cases = fill_cases(args.spans)
+        problems = spread_sample(load_problems(args.data or DEFAULT_BENCH), args.sample)
+        engine = load_in_process(args)
+        for variant in args.variant or []:
+            sampler_variant(variant, engine.sampler)
+        holes = [(p.prompt, p.suffix) for p in problems]
+        report = bench_fill(engine, holes, cases, args.variant, args.candidates)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    if args.profile:
+        report["profiles"] = {case.name: profile_one_fill(engine, *holes[0], case) for case in cases
+                              if engine.denoiser.max_positions - case.positions - 2 >= 16}
+    report = {"model": engine.describe().path, "threads": torch.get_num_threads(), **report}
+    text = json.dumps(report, indent=2)
+    if args.out:
+        write_text_atomic(args.out, text + "\n")
+    if args.json:
+        print(text)
+        return 0
+    print(f"model: {report['model']}; threads {report['threads']}; {report['holes']} holes; "
+          f"{report['candidates']} candidate(s); matmul peak {report['matmul_peak_gflops']} GFLOP/s")
+    print(f"{'span':>5} {'variant':<22} {'ms p50':>7} {'ms p95':>7} {'passes':>6} {'tok/fwd':>7} "
+          f"{'tokenize':>8} {'encode':>7} {'denoise':>8} {'gate':>6} {'repair':>7} {'ms/step':>7} {'GFLOP/s':>8} "
+          f"{'of peak':>7}")
+    for row in report["rows"]:
+        if "skipped" in row:
+            print(f"{row['span']:>5}  skipped: {row['skipped']}")
+            continue
+        ms = row["ms_stages_median"]
+        print(f"{row['span']:>5} {row['variant']:<22} {row['ms_median']:>7} {row['ms_p95']:>7} "
+              f"{row['forward_passes_median']:>6} {row['tokens_per_forward']:>7} {ms['tokenize']:>8} "
+              f"{ms['encode']:>7} {ms['denoise']:>8} {ms['gate']:>6} {ms['repair']:>7} "
+              f"{row['ms_per_step_median']:>7} {row['gflops_steps']:>8} {row['share_of_peak_steps']:>7}")
+    for name, table in report.get("profiles", {}).items():
+        print(f"\nprofile of one fill, span {name}: {table}")
+    return 0
 
 
 def run_ghost(args: argparse.Namespace) -> int:

@@ -1,0 +1,49 @@
+"""`diffill bench fill` end to end on a tiny model: every span kind and sampler variant reported, JSON written."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from diffill.cli import main
+from infill_engine.bench import fill_cases, sampler_variant
+from infill_engine.sampler import SamplerConfig
+from tests.test_evaluation import PROBLEMS, bench_file  # noqa: F401 - the fixture
+
+
+def test_bench_fill_reports_each_span_and_variant_and_writes_json(capsys, bench_file, model_dirs,  # noqa: F811
+                                                                   tmp_path):
+    out = tmp_path / "fill.json"
+    code = main(["bench", "fill", "--data", str(bench_file), "--model", str(model_dirs["diffill"]), "--sample", "2",
+                 "--spans", "line", "4000", "--variant", "settle_tail=false", "--variant", "", "--json",
+                 "--out", str(out), "--threads", "1"])
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    assert json.loads(out.read_text()) == report
+    assert report["holes"] == len(PROBLEMS) and report["matmul_peak_gflops"] > 0
+    measured = [(r["span"], r["variant"]) for r in report["rows"] if "skipped" not in r]
+    assert measured == [("line", "settle_tail=false"), ("line", "defaults")]
+    assert [r["span"] for r in report["rows"] if "skipped" in r] == ["4000"]  # more than the model's positions
+    for row in report["rows"][:2]:
+        assert set(row["ms_stages_median"]) == {"tokenize", "encode", "denoise", "gate", "repair"}
+        assert row["forward_passes_median"] >= row["loop_steps_median"] >= 1
+        assert row["gflop_per_forward"] > 0 and row["gflops_steps"] > 0
+
+
+def test_bench_fill_names_a_bad_span_or_variant(capsys, bench_file, model_dirs):  # noqa: F811
+    args = ["bench", "fill", "--data", str(bench_file), "--model", str(model_dirs["diffill"])]
+    assert main(args + ["--spans", "lines"]) == 2
+    assert "'line' or a number of positions" in capsys.readouterr().err
+    assert main(args + ["--variant", "tail=1"]) == 2
+    assert "KEY one of steps" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("settle_tail=false,tail_floor=0.3", {"settle_tail": False, "tail_floor": 0.3}),
+    ("steps=8, commit=schedule", {"steps": 8, "commit": "schedule"}),
+])
+def test_sampler_variants_override_fields_with_their_types(text, expected):
+    config = sampler_variant(text, SamplerConfig())
+    assert {key: getattr(config, key) for key in expected} == expected
+    assert [c.name for c in fill_cases(["line", "64"])] == ["line", "64"]
