@@ -155,10 +155,10 @@ def engine_status(socket: Path) -> dict:
         client.close()
 
 
-@pytest.fixture
-def shared_engine(tmp_path):
+@pytest.fixture(scope="module")
+def shared_engine(tmp_path_factory):
     """A `diffill engine serve` at the socket language servers in shared mode look for: (runtime, socket)."""
-    runtime = tmp_path / "run"
+    runtime = tmp_path_factory.mktemp("shared") / "run"
     runtime.mkdir(mode=0o700)
     os.environ["XDG_RUNTIME_DIR"] = str(runtime)  # for socket_path here; the servers get it through their env
     try:

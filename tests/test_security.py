@@ -97,7 +97,7 @@ def test_a_tokenizer_with_its_own_code_is_refused_unless_trusted(model_dirs, tmp
     config["auto_map"] = {"AutoTokenizer": [None, "tokenization_evil.EvilTokenizer"]}
     config["tokenizer_class"] = "EvilTokenizer"
     (odd / "tokenizer_config.json").write_text(json.dumps(config))
-    with pytest.raises(ModelLoadError, match="custom code.*trust_remote_code"):
+    with pytest.raises(ModelLoadError, match=r"(?s)custom code.*trust_remote_code"):
         load_denoiser(odd)
     assert not marker.exists()
 
