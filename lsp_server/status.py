@@ -10,7 +10,9 @@ the model:
 `outcome` is one of: ok (items > 0), empty (the model ran; nothing passed), cache (answered from the cache, no model
 call), not_ready (the model is loading, failed or absent: `state` says which), superseded, cancelled, changed (the
 document changed meanwhile; a result for an old version is never returned), disabled (setting or language), invalid
-(a position or range outside the document).
+(a position or range outside the document), unreachable (the engine, a team server or the shared engine, stopped
+answering; `state` is then "unreachable" too, `diffill/debugInfo`'s message says why, and the next request tries it
+again).
 
 Model loading is reported as work-done progress (begin "Loading model", end "Model ready" or the reason it failed)
 when the client supports server-initiated progress; a Hugging Face model that is not cached yet is downloaded first,

@@ -35,6 +35,7 @@ LOADING = "loading"
 READY = "ready"
 FAILED = "failed"  # the configured model could not be loaded (the message says why)
 NO_MODEL = "none"  # no model configured and this build ships no embedded one
+UNREACHABLE = "unreachable"  # the engine (a team server, a shared engine) stopped answering; tried again each request
 
 
 class DaemonThreadExecutor(Executor):
@@ -82,8 +83,8 @@ class ModelHost:
 
     @property
     def ready(self) -> bool:
-        """Whether fills can run."""
-        return self.state == READY and self.engine is not None
+        """Whether fills can run (also while the engine is unreachable: the next request tries it again)."""
+        return self.state in (READY, UNREACHABLE) and self.engine is not None
 
     async def load(self, settings: Settings, on_download: Callable[[str, float, float | None], None] | None = None
                    ) -> None:
@@ -152,11 +153,23 @@ class ModelHost:
             if ticket.cancelled:
                 return None
             from infill_engine.request import FillCancelled
+            from infill_engine.service.api import EngineUnavailable
 
             try:
-                return job(engine)
+                result = job(engine)
             except FillCancelled:
                 return None
+            except EngineUnavailable as error:  # the request is answered with nothing; the state says why
+                if self.engine is engine:  # (not an engine that a reload has replaced meanwhile)
+                    if self.state != UNREACHABLE:
+                        logger.warning("the engine does not answer: %s", error)
+                    self.state, self.message = UNREACHABLE, str(error)
+                ticket.cancel(UNREACHABLE)
+                return None
+            if self.state == UNREACHABLE and self.engine is engine:
+                logger.info("the engine answers again")
+                self.state, self.message = READY, ""
+            return result
 
         future = self._thread.submit(call)
         try:

@@ -21,6 +21,7 @@ from tests.lsp.conftest import (
     open_document,
     serve_command,
     start,
+    status_after,
     wait_until_loaded,
 )
 
@@ -94,6 +95,25 @@ async def test_an_unreachable_server_or_a_wrong_key_is_a_clear_status(team_serve
     try:
         assert field_of(info, "state") == "failed"
         assert "refused the API key" in field_of(info, "message")
-        assert field_of(await debug_info(client), "state") == "failed"
     finally:
+        await asyncio.wait_for(client.shutdown_session(), WAIT)
+
+
+async def test_a_server_that_goes_away_is_reported_as_unreachable():
+    process, port = start_server()
+    client, info = await language_server(settings(f"http://127.0.0.1:{port}"))
+    try:
+        assert field_of(info, "state") == "ready", field_of(info, "message")
+        open_document(client, "file:///team/add.py", ADD)
+        assert "a + b" in texts(await inline(client, "file:///team/add.py", 1, 11))
+        stop(process)
+        count = len(client.statuses)
+        open_document(client, "file:///team/add2.py", "x = 1\n" + ADD)
+        assert texts(await inline(client, "file:///team/add2.py", 2, 11)) == []
+        report = await status_after(client, count, "textDocument/inlineCompletion")
+        assert field_of(report, "outcome") == "unreachable" and field_of(report, "state") == "unreachable"
+        info = await debug_info(client)
+        assert field_of(info, "state") == "unreachable" and f"127.0.0.1:{port}" in field_of(info, "message")
+    finally:
+        stop(process)
         await asyncio.wait_for(client.shutdown_session(), WAIT)
