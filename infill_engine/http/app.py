@@ -242,7 +242,10 @@ class InfillApp:
             result = await work
         except FillCancelled:
             self._count("cancelled")
-            raise ClientGone() from None
+            if gone.is_set():
+                raise ClientGone() from None
+            raise HttpError(409, "the fill was cancelled: a newer request of the same document superseded it",
+                            "cancelled_error") from None
         except ValueError as error:
             raise HttpError(400, str(error)) from None
         except Exception as error:  # noqa: BLE001 - a bug or a lost engine: answer 500, keep serving the others

@@ -149,11 +149,13 @@ class HttpEngine:
             return answer
         raise self._failure(status, answer)
 
-    def _failure(self, status: int, answer: Any) -> Exception:
+    def _failure(self, status: int, answer: Any) -> BaseException:
         message = answer.get("error", {}).get("message", "") if isinstance(answer, dict) else ""
         if status == 401:
             return HandshakeError(f"the server at {self.url} refused the API key: set `engine.key`, "
                                   "`engine.keyFile` or $DIFFILL_API_KEY to its key")
+        if status == 409:  # superseded at the server (a shared engine behind it) by a newer request of the document
+            return FillCancelled()
         if status in (400, 413):
             return ValueError(message or f"the server refused the request ({status})")
         if status == 404:
