@@ -11,12 +11,13 @@ import argparse
 from collections.abc import Callable
 
 from infill_engine.commands import bench as engine_bench
-from infill_engine.commands import bench_vs_ar
+from infill_engine.commands import bench_cache, bench_vs_ar
 from infill_engine.http import bench as http_bench
 from lsp_server import bench as lsp_bench
 
 HELP = "measure what fills cost on this machine"
-SIDES = (engine_bench, bench_vs_ar, http_bench, lsp_bench)  # modules with add_kinds(subparsers) -> {kind: run}
+# modules with add_kinds(subparsers) -> {kind: run}
+SIDES = (engine_bench, bench_vs_ar, bench_cache, http_bench, lsp_bench)
 
 
 def add_arguments(bench: argparse.ArgumentParser) -> None:

@@ -149,3 +149,24 @@ def test_the_setting_says_what_is_allowed():
         from infill_engine.dual_cache import DualCache
 
         DualCache(torch.nn.Linear(1, 1), 0, False, "x")
+
+
+def test_bench_cache_compares_steps_on_transformers_own_bidirectional_qwen2(monkeypatch, capsys):
+    """`diffill bench cache` at a tiny size: transformers' Qwen2 with is_causal=False (Dream's architecture) takes
+    the cache through its `cache` argument, the probe accepts it, and every span gets a row."""
+    import argparse
+    import json
+
+    from infill_engine.commands import bench_cache
+
+    tiny = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, vocab_size=128, rope_theta=10_000.0, tie_word_embeddings=True,
+                max_position_embeddings=256, mask_token_id=127, pad_token_id=126)
+    monkeypatch.setitem(bench_cache.REAL_CONFIGS, "tiny", tiny)
+    parser = argparse.ArgumentParser()
+    run = bench_cache.add_kinds(parser.add_subparsers(dest="kind"))["cache"]
+    args = parser.parse_args(["cache", "--config", "tiny", "--context", "40", "--spans", "4", "8", "--json"])
+    assert run(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [row["span"] for row in report["spans"]] == [4, 8]
+    assert all(row["cached_ms"] > 0 and row["uncached_ms"] > 0 for row in report["spans"])
