@@ -61,6 +61,7 @@ class DualCacheState:
 
     cache: ContextCache | None = None  # None: the next step refreshes
     batch: int = 0  # rows the cache was computed for
+    length: int = 0  # canvas positions it was computed for (a growing span changes them: the suffix moves)
     steps_since_refresh: int = 0  # the refresh counts as one; at `refresh_every` the next step refreshes
     refreshes: int = 0  # full forwards run for this request
     cached_steps: int = 0  # canvas-only forwards run for this request
@@ -85,7 +86,8 @@ class DualCache:
         """Logits (B, N, V) of the span positions of `lead | canvas | trail`: a full forward when a refresh is due,
         else the canvas against the kept keys and values."""
         batch, length = canvas.shape
-        due = state.cache is None or state.batch != batch or state.steps_since_refresh >= self.refresh_every
+        due = (state.cache is None or (state.batch, state.length) != (batch, length)
+               or state.steps_since_refresh >= self.refresh_every)
         if due or self.usable is False:
             return self._full_span(self._refresh(state, lead, canvas, trail), lead.shape[1], length)
         state.steps_since_refresh += 1
@@ -111,7 +113,8 @@ class DualCache:
         output = self.model(input_ids=ids, use_cache=True)
         full = _returned_cache(output)
         state.cache = None if full is None else ContextCache(full, self._kept_positions(lead, length, trail))
-        state.batch, state.steps_since_refresh = batch, 1  # the refresh is the first of its N steps
+        state.batch, state.length = batch, length
+        state.steps_since_refresh = 1  # the refresh is the first of its N steps
         state.refreshes += 1
         if self.usable is None:
             self.usable = self._probe(state.cache, lead, canvas, output.logits)

@@ -74,13 +74,17 @@ def test_a_cached_step_on_the_refreshed_canvas_is_exact(rope_dirs):
 
 
 @torch.no_grad()
-def test_a_new_batch_size_refreshes_at_once(rope_dirs):
-    cached = load_denoiser(rope_dirs["llada"], trust_remote_code=True, dual_cache=8)
+def test_a_new_batch_size_or_canvas_length_refreshes_at_once(rope_dirs):
+    cached = load_denoiser(rope_dirs["dream"], trust_remote_code=True, dual_cache=8)
+    plain = uncached_twin(cached)
     prefix, suffix = context_ids(cached)
     context = cached.encode(prefix, suffix, 4, 2)
     cached.predict(context, torch.full((2, 4), cached.special.mask_id))
-    fewer = cached.predict(context, torch.full((1, 4), cached.special.mask_id))  # a repair of one candidate
+    fewer = cached.predict(context, torch.full((1, 4), cached.special.mask_id))  # one candidate left
     assert fewer.shape[0] == 1 and context.state[2].refreshes == 2
+    longer = torch.full((1, 5), cached.special.mask_id)  # a growing span (DreamOn): the suffix moved
+    assert torch.equal(cached.predict(context, longer), plain.predict(plain.encode(prefix, suffix, 5, 1), longer))
+    assert context.state[2].refreshes == 3
 
 
 @pytest.mark.parametrize("family", ["dream", "llada"])
