@@ -91,7 +91,8 @@ def model_work(servers: Sequence[Server]) -> dict[str, Any]:
     outcomes = Counter(str(status.get("outcome")) for status in statuses)
     steps = sum(int(status.get("steps_done") or 0) for status in statuses)
     wasted = sum(int(status.get("steps_done") or 0) for status in statuses if status.get("outcome") in WASTED)
-    return {"outcomes": dict(sorted(outcomes.items())), "statuses": len(statuses),
+    passes = sum(int(status.get("forward_passes") or 0) for status in statuses)
+    return {"outcomes": dict(sorted(outcomes.items())), "statuses": len(statuses), "forward_passes": passes,
             "cache_share": round(outcomes.get("cache", 0) / len(statuses), 3) if statuses else None,
             "steps": steps, "steps_thrown_away": wasted,
             "thrown_away_share": round(wasted / steps, 3) if steps else None}
@@ -162,7 +163,8 @@ async def bench_lsp(source: typing_replay.Source, command: Sequence[str], option
 def model_work_fields(work: dict[str, Any]) -> dict[str, Any]:
     """The model-work part of a report."""
     return {"status_outcomes": work["outcomes"], "cache_share": work["cache_share"],
-            "denoising_steps": work["steps"], "steps_thrown_away": work["steps_thrown_away"],
+            "denoising_steps": work["steps"], "forward_passes_answered": work["forward_passes"],
+            "steps_thrown_away": work["steps_thrown_away"],
             "thrown_away_share": work["thrown_away_share"]}
 
 
