@@ -71,8 +71,14 @@ class EditRequest:
         """The request a resolved code action carries; ValueError when it is not one of ours."""
         if not isinstance(data, dict) or data.get("diffill") not in COMMANDS:
             raise ValueError("not a diffill code action")
-        return cls(data["diffill"], str(data["uri"]), conversion.structure(data["range"], types.Range),
-                   data.get("version"), data.get("instruction"))
+        try:
+            range_ = conversion.structure(data["range"], types.Range)
+        except Exception as error:  # noqa: BLE001 - cattrs raises ClassValidationError, an ExceptionGroup
+            raise ValueError(f"the code action's range is not an LSP range ({error})") from None
+        instruction = data.get("instruction")
+        if instruction is not None and not isinstance(instruction, str):
+            raise ValueError("the code action's instruction is not text")
+        return cls(data["diffill"], str(data["uri"]), range_, data.get("version"), instruction)
 
     @classmethod
     def from_arguments(cls, kind: str, arguments: Sequence[Any]) -> EditRequest:
