@@ -63,6 +63,9 @@ class Fill:
     tokens: int  # tokens written
     exact: bool = False
     passed: bool = False
+    # the twin only: its ms had it stopped after the true middle's token count (its measured ms per token), the cost
+    # any twin that writes the right answer pays, whether or not this one has learned to end a middle
+    ms_at_true_length: float | None = None
 
 
 def summarize(fills: list[Fill]) -> dict[str, Any]:
@@ -79,6 +82,8 @@ def summarize(fills: list[Fill]) -> dict[str, Any]:
         "cpu_ms_median": round(statistics.median(f.cpu_ms for f in fills), 1) if fills else 0.0,
         "forward_passes_median": statistics.median(f.forward_passes for f in fills) if fills else 0,
         "tokens_median": statistics.median(f.tokens for f in fills) if fills else 0,
+        **({"ms_at_true_length_median": round(statistics.median(f.ms_at_true_length for f in fills), 1)}
+           if fills and all(f.ms_at_true_length is not None for f in fills) else {}),
     }
 
 
@@ -97,7 +102,12 @@ def twin_fill(twin: FimGenerator, problem: Problem, max_tokens: int, use_cache: 
     cpu = time.process_time()
     fill = twin.fill(problem.prompt, problem.suffix, max_tokens, use_cache=use_cache)
     cpu_ms = (time.process_time() - cpu) * 1000
-    return Fill(problem.task_id, fill.text, fill.ms["total"], cpu_ms, fill.forward_passes, len(fill.token_ids))
+    true_tokens = min(max_tokens, len(twin.tokenizer(problem.canonical_solution, add_special_tokens=False)["input_ids"]))
+    # writing n tokens and the end token takes the prompt's pass and n passes more
+    per_pass = fill.ms["decode"] / max(fill.forward_passes - 1, 1)
+    at_true_length = fill.ms["tokenize"] + fill.ms["encode"] + true_tokens * per_pass
+    return Fill(problem.task_id, fill.text, fill.ms["total"], cpu_ms, fill.forward_passes, len(fill.token_ids),
+                ms_at_true_length=at_true_length)
 
 
 def score(problems: list[Problem], fills: list[Fill], workers: int) -> None:
@@ -144,6 +154,7 @@ def compare(
         "speedup_median": _ratio(main_twin["ms_median"], main_diffusion["ms_median"]),
         "speedup_mean": _ratio(main_twin["ms_mean"], main_diffusion["ms_mean"]),
         "speedup_cpu_median": _ratio(main_twin["cpu_ms_median"], main_diffusion["cpu_ms_median"]),
+        "speedup_at_true_length_median": _ratio(main_twin["ms_at_true_length_median"], main_diffusion["ms_median"]),
         "pass@1_difference": round(main_diffusion["pass@1"] - main_twin["pass@1"], 2),
         "outcomes": [
             {"task_id": d.task_id, "diffusion": _fill_dict(d), "autoregressive": _fill_dict(a)}
@@ -187,7 +198,8 @@ def _ratio(numerator: float, denominator: float) -> float | None:
 def _fill_dict(fill: Fill) -> dict[str, Any]:
     """A fill as JSON (without its task id, which the row carries)."""
     return {"completion": fill.completion, "passed": fill.passed, "exact": fill.exact, "ms": round(fill.ms, 1),
-            "cpu_ms": round(fill.cpu_ms, 1), "forward_passes": fill.forward_passes, "tokens": fill.tokens}
+            "cpu_ms": round(fill.cpu_ms, 1), "forward_passes": fill.forward_passes, "tokens": fill.tokens,
+            **({} if fill.ms_at_true_length is None else {"ms_at_true_length": round(fill.ms_at_true_length, 1)})}
 
 
 def _sampler_dict(config: SamplerConfig) -> dict[str, Any]:

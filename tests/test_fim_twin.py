@@ -165,6 +165,7 @@ def test_bench_vs_ar_writes_both_sides_the_sweep_and_a_plot(tmp_path, twin_check
         assert report[side]["problems"] == 3 and 0 <= report[side]["pass@1"] <= 100
         assert report[side]["ms_median"] > 0
     assert report["speedup_median"] == round(report["autoregressive"]["ms_median"] / report["diffusion"]["ms_median"], 2)
+    assert report["autoregressive"]["ms_at_true_length_median"] > 0 and report["speedup_at_true_length_median"]
     assert [row["task_id"] for row in report["outcomes"]] == ["Tiny/0", "Tiny/1", "Tiny/2"]
     assert all(row["autoregressive"]["tokens"] >= 1 for row in report["outcomes"])
     settings = [(p["side"], p["setting"]) for p in report["sweep"]["points"]]

@@ -107,6 +107,8 @@ def table(report: dict) -> str:
     lines.append(f"diffusion is {report['speedup_median']}x the twin's speed (median ms; mean: "
                  f"{report['speedup_mean']}x; CPU ms: {report['speedup_cpu_median']}x), pass@1 "
                  f"{report['pass@1_difference']:+} points")
+    lines.append(f"had the twin stopped at each true middle's length: {twin['ms_at_true_length_median']} ms median, "
+                 f"diffusion {report['speedup_at_true_length_median']}x its speed")
     points = report["sweep"]["points"]
     if points:
         lines.append(f"sweep ({report['sweep']['problems']} problems):")
