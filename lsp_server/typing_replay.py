@@ -25,7 +25,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -285,7 +285,7 @@ async def start_server(command: Sequence[str], options: dict[str, Any], env: dic
 
 
 @contextlib.asynccontextmanager
-async def servers(count: int, command: Sequence[str], options: dict[str, Any]):  # type: ignore[no-untyped-def]
+async def servers(count: int, command: Sequence[str], options: dict[str, Any]) -> AsyncIterator[list[Server]]:
     """`count` ready servers under a private runtime directory; on leaving, they and their engine are stopped."""
     with tempfile.TemporaryDirectory(prefix="diffill-replay-") as scratch:
         runtime = Path(scratch, "run")

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from diffill.cli import main
-from lsp_server import typing_replay
+from lsp_server import process_usage, typing_replay
 from lsp_server.bench import bench_load, rss_growth
 from tests.lsp.conftest import SERVER_ENV
 
@@ -33,7 +33,7 @@ def processes_of(model: Path) -> list[str]:
             command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
             continue
-        if str(model) in command and "pytest" not in command and typing_replay.process_usage.alive(int(entry.name)):
+        if str(model) in command and "pytest" not in command and process_usage.alive(int(entry.name)):
             found.append(command)
     return found
 
