@@ -88,6 +88,7 @@ class DiffillServer(LanguageServer):
         self.torch_loaded_at_initialize: bool | None = None
         self.pending_messages: list[str] = []  # settings problems found before the client was ready to hear them
         self.options_sent = False  # whether the client sent initializationOptions
+        self.client_initialized = False  # whether the client sent `initialized` (a second one must not reload the model)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.versions: dict[str, int] = {}  # the newest version seen of each open document
         self.out_of_sync: set[str] = set()  # documents whose changes arrived out of order: served nothing
@@ -225,6 +226,10 @@ def initialize(ls: DiffillServer, params: types.InitializeParams) -> None:
 
 @SERVER.feature(types.INITIALIZED)
 async def initialized(ls: DiffillServer, params: types.InitializedParams) -> None:
+    if ls.client_initialized:
+        logger.warning("a second 'initialized' notification ignored")
+        return
+    ls.client_initialized = True
     for message in ls.pending_messages:
         ls.show(message)
     if not ls.options_sent and ls.client_supports("workspace.configuration"):

@@ -51,6 +51,7 @@ class RawClient:
         self.answers: dict[int | str, queue.Queue[dict[str, Any]]] = {}
         self.notifications: list[dict[str, Any]] = []
         self.applied: list[dict[str, Any]] = []  # workspace/applyEdit params the server sent
+        self.asked: list[str] = []  # the methods of the server's requests, in order
         self.documents: dict[str, Document] = {}  # open documents, as the client sent them
         self.uncertain: set[str] = set()  # documents a spoilt message may or may not have opened, changed or closed
         self.ids = itertools.count(1)
@@ -102,6 +103,7 @@ class RawClient:
                 box.put(message)
 
     def _answer(self, method: str, params: Any) -> Any:
+        self.asked.append(method)
         if method == "workspace/configuration":
             return [SETTINGS for _ in params["items"]]
         if method == "workspace/applyEdit":
@@ -428,3 +430,12 @@ def test_a_code_action_sent_back_with_a_broken_range_comes_back_without_an_edit(
                                                   "end": {"line": 0, "character": 3}}, "instruction": 7}
     assert answered(client, "codeAction/resolve", action)["result"] == action  # an instruction that is not text
     client.notify("textDocument/didClose", {"textDocument": {"uri": uri}})
+
+
+def test_a_second_initialized_notification_does_not_reload_the_model(client):
+    """Found by the fuzzer: `initialized` sent again reloaded the model, cancelling every running request."""
+    asked = len(client.asked)
+    client.notify("initialized", {})
+    answered(client, "diffill/debugInfo", {})  # a reload would have asked for its progress token before this answer
+    assert "window/workDoneProgress/create" not in client.asked[asked:]
+    assert answered(client, "diffill/debugInfo", {})["result"]["state"] == "ready"
