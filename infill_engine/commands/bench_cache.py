@@ -146,13 +146,15 @@ def measure_span(model: Any, special: Any, args: argparse.Namespace, span: int, 
         if device.type != "cpu":  # kernels and allocator warm; on CPU a 0.5B full step is too dear to spend twice
             plain.predict(plain_context, canvas)
         uncached = [timed(lambda: plain.predict(plain_context, canvas)) for _ in range(args.repeats)]
-        # a refresh, then only cached steps (refresh_every exceeds the steps run); refreshes are timed apart
+        # the first refresh of a model also runs the one-time probe, so it is not timed; then a refresh as each fill
+        # has, then only cached steps (refresh_every exceeds the steps run)
         cached_denoiser = MaskedDenoiser(model, None, special, args.config, "dream", shift_logits=True,
                                          refresh_every=args.repeats + 2)
-        cached_context = cached_denoiser.encode(prefix, suffix, span, args.batch)
-        refresh = timed(lambda: cached_denoiser.predict(cached_context, canvas))
+        cached_denoiser.predict(cached_denoiser.encode(prefix, suffix, span, args.batch), canvas)  # + the probe
         if not cached_denoiser.dual_cache.usable:
             raise UsageError("the dual cache turned itself off on this model (see the log); nothing to compare")
+        cached_context = cached_denoiser.encode(prefix, suffix, span, args.batch)
+        refresh = timed(lambda: cached_denoiser.predict(cached_context, canvas))  # a refresh as every fill has
         cached_denoiser.predict(cached_context, canvas)  # warm-up of the cached path
         cached = [timed(lambda: cached_denoiser.predict(cached_context, canvas)) for _ in range(args.repeats)]
     every = args.refresh_every
