@@ -107,7 +107,9 @@ def _keep_tail(tokenizer: Any, text: str, budget: int) -> tuple[list[int], int]:
     window, ids, offsets = _tail_window(tokenizer, text, budget)
     if len(ids) <= budget:
         return ids, len(window)
-    cut_char = offsets[len(ids) - budget][0]  # start of the first token we could keep
+    first = len(ids) - budget  # the first token we could keep
+    # a byte-level tokenizer can split one character over several tokens: never keep part of one
+    cut_char = max(offsets[first][0], offsets[first - 1][1])
     at_line_start = cut_char == 0 or window[cut_char - 1] == "\n"
     next_line = window.find("\n", cut_char) + 1
     if at_line_start:
@@ -128,6 +130,8 @@ def _keep_head(tokenizer: Any, text: str, budget: int) -> tuple[list[int], int]:
     if len(ids) <= budget and len(window) == len(text):
         return ids, len(window)
     last_end = offsets[min(budget, len(ids)) - 1][1]  # end of the last token we could keep
+    if budget < len(ids):  # a character split over the last kept and the first dropped token is not kept
+        last_end = min(last_end, offsets[budget][0])
     line_end = window.rfind("\n", 0, last_end)
     kept = window[: line_end + 1] if line_end > 0 else window[:last_end]
     kept_ids, _ = _encode(tokenizer, kept)
