@@ -80,7 +80,7 @@ class SamplerConfig:
     min_tokens: int = 1
     stop_at_line_break: bool = False
     settle_tail: bool = True
-    tail_floor: float = 0.5
+    tail_floor: float = 0.2
     seed: int = 0
 
     def __post_init__(self) -> None:

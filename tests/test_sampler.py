@@ -415,7 +415,7 @@ class TargetsDenoiser(ScriptedDenoiser):
 
 def walking_end(tokenizer, text: str, length: int) -> tuple[list[int], list[float]]:
     """Token ids of `text` then end-of-span, and margins: the text unsure, the end surer towards the right (p about
-    0.67 to 0.83 in the tiny vocabulary: under the threshold of 0.9, over the tail's floor of 0.5)."""
+    0.67 to 0.83 in the tiny vocabulary: under the threshold of 0.9, over a tail floor of 0.5)."""
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     return ids, [2.0] * len(ids) + [6.0 + 0.1 * i for i in range(length - len(ids))]
 
