@@ -225,9 +225,10 @@ def plot_sweep(report: dict[str, Any], path: Path, title: str | None = None) -> 
                 continue
             axes.scatter([p[key] for p in points], [p["pass@1"] for p in points], color=color, marker=marker,
                          s=48, label=f"{side} ({'sampler settings' if side == 'diffusion' else 'greedy'})", zorder=3)
-            for p in points:
+            for number, p in enumerate(points):  # labels staggered: points of equal pass@1 sit side by side
                 axes.annotate(p["setting"].replace("commit=entropy_bound,", ""), (p[key], p["pass@1"]),
-                              textcoords="offset points", xytext=(4, 4), fontsize=7, color=color)
+                              textcoords="offset points", xytext=(4, 6 + 11 * (number % 4)), fontsize=7,
+                              color=color, rotation=20)
         axes.set_xscale("log")
         axes.set_xlabel(f"{name} per fill (median, {report['max_tokens']} positions, log scale)")
         axes.grid(True, which="both", alpha=0.3)
