@@ -35,8 +35,10 @@ DEFAULT_GROW = 4
 MAX_GROW = 64
 # llada and dream models: the prefix's and suffix's keys and values are computed again every this many denoising
 # steps and reused in between (Fast-dLLM's approximate dual cache, infill_engine/dual_cache.py); 0: every step runs
-# the whole sequence. Other families ignore it (diffill's context cache is exact; DiffusionGemma caches its prefix).
-DEFAULT_DUAL_CACHE = 4
+# the whole sequence. Off by default: on tiny models it changed most fills (docs/BENCHMARKS.md, "Dual cache"), and
+# its effect on a real checkpoint's pass@1 is unmeasured. Other families ignore it (diffill's context cache is
+# exact; DiffusionGemma caches its prefix).
+DEFAULT_DUAL_CACHE = 0
 
 StepCallback = Callable[[Any], Any]  # called once per denoising step; returning False stops the fill
 
@@ -260,7 +262,8 @@ def add_model_options(parser: argparse.ArgumentParser, *, threads: str | None = 
                         help="allow a checkpoint's own modelling code (off by default)")
     parser.add_argument("--dual-cache", type=int, default=DEFAULT_DUAL_CACHE, metavar="N",
                         help="llada and dream models: reuse the prefix's and suffix's keys and values, computed again "
-                             f"every N steps; 0 runs the whole sequence every step (default: {DEFAULT_DUAL_CACHE})")
+                             f"every N steps (4 was measured); 0 runs the whole sequence every step "
+                             f"(default: {DEFAULT_DUAL_CACHE})")
     if factory:
         parser.add_argument("--engine-factory", metavar="MODULE:FUNCTION",
                             help="build the engine with FUNCTION(spec) from MODULE instead of loading a checkpoint "

@@ -18,7 +18,9 @@ from collections.abc import Callable
 from typing import Any
 
 from infill_engine.commands import UsageError
-from infill_engine.interface import DEFAULT_DUAL_CACHE, DEVICES_HELP
+from infill_engine.interface import DEVICES_HELP
+
+REFRESH_EVERY = 4  # the refresh interval the amortised per-step figure assumes (Fast-dLLM: one per block)
 
 # The shapes of real checkpoints, copied from their config.json files (source in each entry).
 REAL_CONFIGS: dict[str, dict[str, Any]] = {
@@ -48,8 +50,8 @@ def add_kinds(kinds: argparse._SubParsersAction) -> dict[str, Callable[[argparse
     cache.add_argument("--spans", type=int, nargs="+", default=[24, 64],
                        help="canvas positions (default: 24, the single-line canvas, and 64)")
     cache.add_argument("--batch", type=int, default=1, help="candidates per step (default 1)")
-    cache.add_argument("--refresh-every", type=int, default=DEFAULT_DUAL_CACHE,
-                       help=f"steps per refresh for the amortised figure (default {DEFAULT_DUAL_CACHE})")
+    cache.add_argument("--refresh-every", type=int, default=REFRESH_EVERY,
+                       help=f"steps per refresh for the amortised figure (default {REFRESH_EVERY})")
     cache.add_argument("--repeats", type=int, default=2, help="timed uncached and cached steps (default 2)")
     cache.add_argument("--device", default="cpu", help=f"{DEVICES_HELP} (default: cpu)")
     cache.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
