@@ -45,6 +45,9 @@ class InfillRequest:
             raise ValueError(f"candidates must be an integer from 1 to {MAX_CANDIDATES} (got {self.candidates!r})")
         if self.repair_rounds is not None and (not isinstance(self.repair_rounds, int) or self.repair_rounds < 0):
             raise ValueError(f"repair_rounds must be an integer >= 0 (got {self.repair_rounds!r})")
+        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)
+                                      or not 0 <= self.seed < 2**63):  # torch's seeds, with room for repair rounds
+            raise ValueError(f"seed must be an integer from 0 to 2**63 - 1 or None (got {self.seed!r})")
         if self.budget_ms is not None and (not isinstance(self.budget_ms, int) or isinstance(self.budget_ms, bool)
                                            or self.budget_ms < 0):
             raise ValueError(f"budget_ms must be an integer >= 0 (milliseconds) or None (got {self.budget_ms!r})")
