@@ -102,7 +102,8 @@ def twin_fill(twin: FimGenerator, problem: Problem, max_tokens: int, use_cache: 
     cpu = time.process_time()
     fill = twin.fill(problem.prompt, problem.suffix, max_tokens, use_cache=use_cache)
     cpu_ms = (time.process_time() - cpu) * 1000
-    true_tokens = min(max_tokens, len(twin.tokenizer(problem.canonical_solution, add_special_tokens=False)["input_ids"]))
+    true_ids = twin.tokenizer(problem.canonical_solution, add_special_tokens=False)["input_ids"]
+    true_tokens = min(max_tokens, len(true_ids))
     # writing n tokens and the end token takes the prompt's pass and n passes more
     per_pass = fill.ms["decode"] / max(fill.forward_passes - 1, 1)
     at_true_length = fill.ms["tokenize"] + fill.ms["encode"] + true_tokens * per_pass

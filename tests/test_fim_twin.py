@@ -67,7 +67,8 @@ def test_fim_examples_are_prefix_suffix_middle_between_the_tokenizers_sentinels(
     vocab = twin_tokenizer.get_vocab()
     sentinels = [vocab[FIM_PREFIX_TOKEN], vocab[FIM_SUFFIX_TOKEN], vocab[FIM_MIDDLE_TOKEN]]
     tokens = fim_tokens(twin_tokenizer)
-    assert [tokens.prefix_id, tokens.suffix_id, tokens.middle_id, tokens.end_id] == [*sentinels, vocab[END_OF_SPAN_TOKEN]]
+    assert [tokens.prefix_id, tokens.suffix_id, tokens.middle_id] == sentinels
+    assert tokens.end_id == vocab[END_OF_SPAN_TOKEN]
     # the sentinels are whole special tokens: ordinary text never tokenizes into them
     text = (source_dir / "textwrap.py").read_text()
     assert not set(sentinels) & set(twin_tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -116,7 +117,8 @@ def test_a_tiny_twin_trains_and_its_kv_cache_writes_what_the_full_pass_writes(tw
     # logits: encode a prompt, then extend it token by token; each step's next-token logits are the full pass's
     tokens = fim_tokens(tokenizer)
     text = (source_dir / "heapq.py").read_text()
-    example = make_fim_example(tokenizer, text, random.Random(2), tokens, ObjectiveConfig(seq_len=96, max_span_tokens=24))
+    objective = ObjectiveConfig(seq_len=96, max_span_tokens=24)
+    example = make_fim_example(tokenizer, text, random.Random(2), tokens, objective)
     ids = torch.tensor([example.input_ids])  # (1, T)
     full = model(input_ids=ids, canvas_mask=torch.zeros_like(ids, dtype=torch.bool)).logits  # (1, T, V): t from t-1
     start = example.middle_start
@@ -164,7 +166,8 @@ def test_bench_vs_ar_writes_both_sides_the_sweep_and_a_plot(tmp_path, twin_check
     for side in ("diffusion", "autoregressive"):
         assert report[side]["problems"] == 3 and 0 <= report[side]["pass@1"] <= 100
         assert report[side]["ms_median"] > 0
-    assert report["speedup_median"] == round(report["autoregressive"]["ms_median"] / report["diffusion"]["ms_median"], 2)
+    ratio = report["autoregressive"]["ms_median"] / report["diffusion"]["ms_median"]
+    assert report["speedup_median"] == round(ratio, 2)
     assert report["autoregressive"]["ms_at_true_length_median"] > 0 and report["speedup_at_true_length_median"]
     assert [row["task_id"] for row in report["outcomes"]] == ["Tiny/0", "Tiny/1", "Tiny/2"]
     assert all(row["autoregressive"]["tokens"] >= 1 for row in report["outcomes"])
