@@ -20,6 +20,7 @@ from diffill.cli import main
 from lsp_server import process_usage, typing_replay
 from lsp_server.bench import bench_load, rss_growth
 from tests.lsp.conftest import SERVER_ENV
+from tests.service.conftest import FACTORY
 
 RSS_MARGIN = 1.5  # the last quarter's memory may be this many times the second quarter's (plus RSS_SLACK_MIB)
 RSS_SLACK_MIB = 64.0
@@ -85,3 +86,20 @@ def test_bench_lsp_says_what_was_wrong_with_its_options(capsys: pytest.CaptureFi
     assert "--settings must be a JSON object" in capsys.readouterr().err
     assert main(["bench", "load", "--requests", "0"]) == 2
     assert "--requests" in capsys.readouterr().err
+
+
+def test_typing_leaves_nothing_running_behind_in_the_server():
+    """Each change used to stay in pygls' table of running handlers (a leak of about 2 KiB per keystroke)."""
+    source = typing_replay.source_stretch(typing_replay.default_source(), typing_replay.DEFAULT_START_LINE, 120)
+    command = typing_replay.serve_command() + ["--engine-factory", FACTORY, "--engine-mode", "inprocess"]
+    options = {"completion": {"enabled": False}, "diagnostics": {"enabled": False}}
+
+    async def replay() -> dict:
+        async with typing_replay.servers(1, command, options) as started:
+            session = typing_replay.Session(0, started[0], source)
+            keys = typing_replay.load_keys(source.typed, 150)
+            await typing_replay.replay([session], [keys], 200.0)
+            return await started[0].client.call("diffill/debugInfo", {}, 60)
+
+    info = asyncio.run(replay())
+    assert info["running_handlers"] == 0
