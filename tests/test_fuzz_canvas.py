@@ -33,7 +33,7 @@ def ids_of(tokenizer, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-@examples(150)
+@examples(100)
 @given(prefix=documents, suffix=documents, prefix_tokens=st.integers(0, 48), suffix_tokens=st.integers(0, 48))
 @example(prefix="a😀\n" * 20, suffix="\n😀b" * 20, prefix_tokens=3, suffix_tokens=3)
 @example(prefix="é" * 60, suffix="", prefix_tokens=5, suffix_tokens=0)

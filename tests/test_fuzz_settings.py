@@ -54,7 +54,7 @@ def checked(settings: object, path: str = "") -> None:
             assert spec.metadata["check"](value) == value, f"{path}{_camel(spec.name)} = {value!r}"
 
 
-@examples(400)
+@examples(100)
 @given(raw=raw_settings())
 @example(raw={"model": {"device": "cuda:١"}})  # a digit that is not ASCII
 @example(raw={"rewrite": {"keepAbove": math.nan}, "completion": {"maxTokens": 10**30}})
@@ -73,7 +73,7 @@ def test_any_json_gives_valid_settings_and_a_message_per_wrong_key(raw):
         assert raw is None or problems
 
 
-@examples(200)
+@examples(100)
 @given(key=st.sampled_from(KEYS), value=json_values)
 def test_a_wrong_value_is_named_and_its_default_is_kept(key, value):
     section, _, name = key.rpartition(".")
