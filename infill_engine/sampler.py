@@ -17,6 +17,7 @@ import torch
 
 from infill_engine.adapters.base import Denoiser, EncodedContext
 from infill_engine.commit_rules import CanvasState, CommitRule, Prediction, commit_rule, ended_rows, initial_state
+from infill_engine.commit_rules import entropy  # noqa: F401 - order_scores uses it; kept importable from here
 from infill_engine.commit_rules import fresh_noise, settle_with_argmax  # noqa: F401 - fresh_noise: engine's refine
 from infill_engine.request import FillCancelled  # noqa: F401 - raised by the loop, defined without torch
 from infill_engine.special_tokens import SpecialTokens
@@ -223,11 +224,6 @@ def forbid_tokens(
     return forbid_early_end(logits, state, special.end_of_span_ids)
 
 
-def entropy(probs: torch.Tensor) -> torch.Tensor:
-    """Entropy in nats of each position's distribution (B, N)."""
-    return -(probs * torch.log(probs.clamp_min(1e-30))).sum(dim=-1)  # torch.special.entr is 3x slower on CPU
-
-
 def draw_tokens(
     probs: torch.Tensor, temps: torch.Tensor, greedy: torch.Tensor, generator: torch.Generator
 ) -> torch.Tensor:
@@ -279,7 +275,7 @@ def pick_tokens(logits: torch.Tensor, temps: torch.Tensor, order: str, generator
     drawn = draw_tokens(probs, temps, argmax, generator)  # (B, N)
     scores = order_scores(probs, drawn, order, generator)  # (B, N)
     drawn_probs = model_probs.gather(-1, drawn[..., None]).squeeze(-1)  # (B, N)
-    return Prediction(scaled, model_probs, drawn, drawn_probs, argmax, scores, entropy(probs))
+    return Prediction(scaled, model_probs, drawn, drawn_probs, argmax, scores, probs)
 
 
 def stable_rows(history: list[torch.Tensor], needed: int) -> torch.Tensor:
@@ -298,8 +294,11 @@ def check_stop(
 ) -> torch.Tensor:
     """Record this step's argmax; rows (B,) that may stop early: a stable argmax and a confident model."""
     history.append(torch.where(in_window, prediction.argmax, torch.full_like(prediction.argmax, -1)))  # (B, N)
+    stable = stable_rows(history, config.stability_steps)  # (B,)
+    if not bool(stable.any()):  # the entropy is not needed (nor computed) until a row is stable
+        return stable
     mean_entropy = (prediction.entropy * in_window).sum(-1) / in_window.sum()  # (B,)
-    return stable_rows(history, config.stability_steps) & (mean_entropy < config.confidence_threshold)
+    return stable & (mean_entropy < config.confidence_threshold)
 
 
 # ------------------------------------------------------------------------------------------------------ the loop
