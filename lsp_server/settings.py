@@ -140,6 +140,8 @@ class CompletionSettings:
     line_tokens: int = _setting(24, _integer(1, MAX_SPAN_TOKENS))  # span positions when the cursor is mid-line
     debounce_ms: int = _setting(50, _integer(0, 5000))  # wait this long; a newer request in the meantime wins
     cache_entries: int = _setting(250, _integer(0, 100_000))  # LRU of suggestions by context; 0 turns caching off
+    budget_ms: int | None = _setting(250, _optional(_integer(0, 60_000)))  # ms of model work per fill, then the best
+    # passing candidate so far is shown and repairs are skipped; null: no limit
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -149,8 +151,6 @@ class RewriteSettings:
     max_tokens: int = _setting(256, _integer(1, MAX_SPAN_TOKENS))  # span positions for a rewrite or a body fill
     candidates: int = _setting(2, _integer(1, MAX_CANDIDATES))  # canvases per rewrite; the best passing one is used
     keep_above: float = _setting(DEFAULT_KEEP_ABOVE, _number(0.0, 1.0))  # refine: tokens the model gives at least this are kept
-    budget_ms: int | None = _setting(250, _optional(_integer(0, 60_000)))  # ms of model work per fill, then the best
-    # passing candidate so far is shown and repairs are skipped; null: no limit
     quick_fixes: bool = _setting(True, _boolean)  # offer model-made fixes for syntax diagnostics
 
 
