@@ -35,7 +35,8 @@ from tests.lsp.conftest import (
 
 pytestmark = pytest.mark.asyncio
 
-SETTINGS = {"completion": {"debounceMs": 0}, "diagnostics": {"debounceMs": 0}, "context": {"otherDocuments": False}}
+# no time budget: these tests supersede and cancel slow fills, which a budget would end first
+SETTINGS = {"completion": {"debounceMs": 0, "budgetMs": None}, "diagnostics": {"debounceMs": 0}, "context": {"otherDocuments": False}}
 
 
 @pytest_lsp.fixture(
