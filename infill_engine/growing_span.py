@@ -93,7 +93,7 @@ def denoise_row(
         stats.forward_passes += 1
         # pick and commit: the surest masked positions keep their drawn token
         temps = row_temperatures(config, step, batch_size, canvas.device)[row : row + 1]  # (1,)
-        prediction = pick_tokens(logits, temps, config.order, generator)
+        prediction = pick_tokens(logits, temps, config.order, generator, config.draw)
         free = canvas == mask  # (1, L)
         chosen = by_threshold(prediction.scores, free, config.threshold, config.steps - step)[0]  # (L,)
         drawn, drawn_probs = prediction.drawn[0].tolist(), prediction.drawn_probs[0].tolist()

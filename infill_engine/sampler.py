@@ -25,6 +25,7 @@ from infill_engine.stats import FillStats
 
 COMMIT_RULES = ("threshold", "schedule", "entropy_bound")
 ORDERS = ("confidence", "margin", "entropy", "random")
+DRAWS = ("inverse_cdf", "multinomial")  # how a sampled token is drawn (SamplerConfig.draw)
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,10 @@ class SamplerConfig:
             position to the end of the canvas, each with probability >= `tail_floor`, that whole tail is
             committed as end-of-span in one step (instead of walking the end in from the right step by step).
         tail_floor: settle_tail: the model probability of end-of-span each position of the tail needs.
+        draw: how a sampled token is drawn. "inverse_cdf": one uniform draw per position (fast with several
+            candidates); "multinomial": `torch.multinomial` over every row, the draw of transformers' DiffusionGemma
+            `generate()`, so the same seed gives its tokens exactly (slower: an exponential variate per vocabulary
+            entry). Both draw from the same distribution.
         seed: the random seed; the same seed and inputs give the same output.
     """
 
@@ -82,6 +87,7 @@ class SamplerConfig:
     stop_at_line_break: bool = False
     settle_tail: bool = True
     tail_floor: float = 0.2
+    draw: str = "inverse_cdf"
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -98,6 +104,8 @@ class SamplerConfig:
             problems.append(f"threshold must be within 0..1 (got {self.threshold!r})")
         if not self.entropy_bound > 0:
             problems.append(f"entropy_bound must be > 0 (got {self.entropy_bound!r})")
+        if self.draw not in DRAWS:
+            problems.append(f"draw must be one of {', '.join(DRAWS)} (got {self.draw!r})")
         if not 0.0 <= self.tail_floor <= 1.0:
             problems.append(f"tail_floor must be within 0..1 (got {self.tail_floor!r})")
         if not 0.0 <= self.revise_below < 1.0:
@@ -225,7 +233,8 @@ def forbid_tokens(
 
 
 def draw_tokens(
-    probs: torch.Tensor, temps: torch.Tensor, greedy: torch.Tensor, generator: torch.Generator
+    probs: torch.Tensor, temps: torch.Tensor, greedy: torch.Tensor, generator: torch.Generator,
+    draw: str = "inverse_cdf",
 ) -> torch.Tensor:
     """Sample a token per position (B, N) from `probs`; `greedy` (B, N) on rows whose temperature is 0.
 
@@ -237,6 +246,10 @@ def draw_tokens(
     sampling = temps > 0  # (B,)
     if not bool(sampling.any()):
         return greedy
+    if draw == "multinomial":  # every row, greedy ones too, as transformers draws: the same seed stream
+        batch, length, vocab = probs.shape
+        sampled = torch.multinomial(probs.view(-1, vocab), num_samples=1, generator=generator).view(batch, length)
+        return torch.where(sampling[:, None], sampled, greedy)
     uniform = torch.rand(probs.shape[:2], generator=generator, device=probs.device, dtype=torch.float64)  # (B, N)
     cdf = probs[sampling].double().cumsum(dim=-1)  # (S, N, V) S sampling rows
     target = uniform[sampling] * cdf[..., -1]  # (S, N) within [0, total)
@@ -260,7 +273,9 @@ def order_scores(
     return torch.rand(tokens.shape, generator=generator, device=tokens.device)
 
 
-def pick_tokens(logits: torch.Tensor, temps: torch.Tensor, order: str, generator: torch.Generator) -> Prediction:
+def pick_tokens(
+    logits: torch.Tensor, temps: torch.Tensor, order: str, generator: torch.Generator, draw: str = "inverse_cdf"
+) -> Prediction:
     """Draw a token per position from `logits` (B, N, V) at each row's temperature `temps` (B,), and score it."""
     sampling = bool((temps > 0).any())
     logits = logits.float()
@@ -272,7 +287,7 @@ def pick_tokens(logits: torch.Tensor, temps: torch.Tensor, order: str, generator
     probs = torch.softmax(scaled, dim=-1)  # (B, N, V) at the sampling temperature
     model_probs = torch.softmax(logits, dim=-1) if sampling else probs  # (B, N, V)
     argmax = scaled.argmax(dim=-1)  # (B, N) the most likely token, at any temperature
-    drawn = draw_tokens(probs, temps, argmax, generator)  # (B, N)
+    drawn = draw_tokens(probs, temps, argmax, generator, draw)  # (B, N)
     scores = order_scores(probs, drawn, order, generator)  # (B, N)
     drawn_probs = model_probs.gather(-1, drawn[..., None]).squeeze(-1)  # (B, N)
     return Prediction(scaled, model_probs, drawn, drawn_probs, argmax, scores, probs)
@@ -323,7 +338,7 @@ def denoise_block(run: Denoising, block: Block, state: CanvasState) -> int:
         logits = forbid_tokens(logits, state, config, run.denoiser.special, block.first_position)
         # pick tokens: draw one per position at each row's temperature
         temps = row_temperatures(config, step, batch, state.tokens.device)  # (B,)
-        prediction = pick_tokens(logits, temps, config.order, run.generator)
+        prediction = pick_tokens(logits, temps, config.order, run.generator, config.draw)
         # commit: the rule decides which positions keep their token; the others are (re-)noised
         active = ~done[:, None] & in_window  # (B, N) positions this step may change
         rule.commit(state, prediction, active, config.steps - step)
