@@ -130,8 +130,8 @@ def client(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory):
                                env=SERVER_ENV, cwd=ROOT)
     raw = RawClient(process)
     capabilities = unstructure(client_capabilities("visual_studio_code"))
-    settings = {**SETTINGS, "model": {**SETTINGS["model"], "path": str(tiny_checkpoint)}}
-    SETTINGS["model"] = settings["model"]
+    SETTINGS["model"] = {**SETTINGS["model"], "path": str(tiny_checkpoint)}  # what the client answers from now on
+    settings = SETTINGS
     answer = raw.request("initialize", {"processId": None, "rootUri": ROOT.as_uri(), "capabilities": capabilities,
                                         "initializationOptions": settings})
     assert answer["result"]["capabilities"]["positionEncoding"] == ENCODING
