@@ -294,8 +294,9 @@ def parse_settings(raw: Any, base: Settings | None = None) -> tuple[Settings, li
     if not isinstance(raw, Mapping):
         return base or Settings(), [f"settings must be a JSON object (got {type(raw).__name__}); using the defaults"]
     parsed = _parse_section(Settings, raw, "", problems)
-    if base is not None and parsed.model.path is None and base.model.path is not None:
-        parsed = replace(parsed, model=replace(parsed.model, path=base.model.path))
+    if base is not None:  # `diffill serve --model/--device/--dtype/...`: each model key the editor did not send
+        unsent = {f.name: getattr(base.model, f.name) for f in fields(ModelSettings) if not _sent(raw, "model", f.name)}
+        parsed = replace(parsed, model=replace(parsed.model, **unsent))
     if base is not None and not _sent(raw, "engine", "mode"):  # `diffill serve --engine-mode`
         parsed = replace(parsed, engine=replace(parsed.engine, mode=base.engine.mode))
     if parsed.completion.line_tokens > parsed.completion.max_tokens:

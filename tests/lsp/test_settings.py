@@ -72,3 +72,17 @@ def test_settings_pushed_for_other_servers_are_not_ours():
     assert not concerns_us({"python": {"analysis": {}}, "rust-analyzer": {}})
     assert concerns_us(["not", "an", "object"])  # reported as malformed rather than ignored
     assert not concerns_us(None) and not concerns_us({})  # nothing pushed: the settings in force stay
+
+
+def test_the_command_line_model_options_hold_where_the_editor_sends_none():
+    from dataclasses import replace
+
+    from lsp_server.settings import ModelSettings
+
+    # `diffill serve --model M --device cpu --dtype bfloat16 --threads 3`: the editor names only the dtype
+    base = replace(Settings(), model=ModelSettings(path="/models/m", device="cpu", dtype="bfloat16", threads=3))
+    settings, problems = parse_settings({"model": {"dtype": "float32"}}, base)
+    assert problems == []
+    assert (settings.model.path, settings.model.device, settings.model.threads) == ("/models/m", "cpu", 3)
+    assert settings.model.dtype == "float32"
+    assert parse_settings({}, base)[0].model == base.model
