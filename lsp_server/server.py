@@ -26,7 +26,7 @@ from urllib.parse import unquote
 
 from lsprotocol import types
 from pygls.capabilities import get_capability
-from pygls.exceptions import JsonRpcException
+from pygls.exceptions import JsonRpcException, JsonRpcInvalidParams
 from pygls.lsp.server import LanguageServer
 from pygls.protocol import LanguageServerProtocol
 
@@ -54,6 +54,27 @@ DEBUG_INFO = "diffill/debugInfo"
 MAX_DOCUMENT_CHARS = 16 * 1024 * 1024  # a larger document (generated data, a log) is served nothing
 
 
+# params that the protocol types as arrays, by method: the converter reads a string given there character by character,
+# one failed element each, so a 200 kB string kept the server busy for over a minute (found by the LSP fuzz test)
+LIST_PARAMS = {
+    "textDocument/didChange": (("contentChanges",),),
+    "textDocument/codeAction": (("context", "diagnostics"), ("context", "only")),
+    "workspace/didChangeWorkspaceFolders": (("event", "added"), ("event", "removed")),
+    "workspace/didChangeWatchedFiles": (("changes",),),
+}
+
+
+def lists_where_lists_belong(message: dict[str, Any]) -> bool:
+    """Whether the array params of the message's method (LIST_PARAMS) hold no string, bytes or number."""
+    for path in LIST_PARAMS.get(str(message.get("method")), ()):
+        value: Any = message.get("params")
+        for key in path:
+            value = value.get(key) if isinstance(value, dict) else None
+        if isinstance(value, (str, bytes, int, float)):
+            return False
+    return True
+
+
 class DiffillProtocol(LanguageServerProtocol):
     """pygls' protocol, except that a request whose params cannot be read is answered with an error.
 
@@ -67,6 +88,10 @@ class DiffillProtocol(LanguageServerProtocol):
 
     def structure_message(self, data: dict[str, Any]) -> Any:
         try:
+            if isinstance(data, dict) and "method" in data and "params" not in data:
+                data = {**data, "params": None}  # JSON-RPC lets params be left out; pygls' message types require them
+            if isinstance(data, dict) and not lists_where_lists_belong(data):
+                raise JsonRpcInvalidParams(f"{data.get('method')}: an array param holds a string or a number")
             return super().structure_message(data)
         except JsonRpcException as error:
             if isinstance(data, dict) and "id" in data and "method" in data:
