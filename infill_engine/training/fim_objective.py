@@ -24,7 +24,7 @@ from infill_engine.canvas import ContextConfig, trim_context
 from infill_engine.diffill_model.modeling_diffill import IGNORE_INDEX
 from infill_engine.fim_generation import FIM_SENTINELS, FimTokens, fim_prompt, fim_tokens
 from infill_engine.special_tokens import FIM_TOKENS
-from infill_engine.training.objective import Hole, ObjectiveConfig, sample_hole
+from infill_engine.training.objective import Hole, ObjectiveConfig, draw_context_budgets, sample_hole
 
 logger = logging.getLogger(__name__)
 
@@ -70,11 +70,7 @@ def build_fim_example(
     """Lay a hole out in prefix-suffix-middle order with the serving trimmer; label every next token."""
     middle_ids = tokenizer(hole.middle, add_special_tokens=False)["input_ids"][: config.max_span_tokens]
     room = max(0, config.seq_len - len(middle_ids) - 1 - FIM_SENTINELS)  # the middle and its end token
-    suffix_budget = int(room * rng.uniform(0.0, config.suffix_share_max))
-    prefix_budget = room - suffix_budget
-    if rng.random() < config.short_context_prob:
-        prefix_budget = rng.randint(0, prefix_budget)
-    context = ContextConfig(prefix_tokens=prefix_budget, suffix_tokens=suffix_budget)
+    context = draw_context_budgets(room, rng, config)
     trimmed = trim_context(tokenizer, hole.prefix, hole.suffix, context)
     prompt = fim_prompt(trimmed.prefix_ids, trimmed.suffix_ids, tokens)
     input_ids = prompt + list(middle_ids) + [tokens.end_id]

@@ -249,18 +249,22 @@ def corrupt_span(
     return inputs, weights, t
 
 
+def draw_context_budgets(room: int, rng: random.Random, config: ObjectiveConfig) -> ContextConfig:
+    """Split `room` context tokens between prefix and suffix at random (now and then a short prefix)."""
+    suffix_budget = int(room * rng.uniform(0.0, config.suffix_share_max))
+    prefix_budget = room - suffix_budget
+    if rng.random() < config.short_context_prob:
+        prefix_budget = rng.randint(0, prefix_budget)
+    return ContextConfig(prefix_tokens=prefix_budget, suffix_tokens=suffix_budget)
+
+
 def build_example(
     tokenizer: Any, hole: Hole, rng: random.Random, tokens: SpanTokens, config: ObjectiveConfig
 ) -> TrainingExample:
     """Lay a hole out with the serving functions and corrupt its span."""
     middle_ids = tokenizer(hole.middle, add_special_tokens=False)["input_ids"][: config.max_span_tokens]
     span_length = _span_length(middle_ids, rng, config)
-    room = config.seq_len - span_length
-    suffix_budget = int(room * rng.uniform(0.0, config.suffix_share_max))
-    prefix_budget = room - suffix_budget
-    if rng.random() < config.short_context_prob:
-        prefix_budget = rng.randint(0, prefix_budget)
-    context = ContextConfig(prefix_tokens=prefix_budget, suffix_tokens=suffix_budget)
+    context = draw_context_budgets(config.seq_len - span_length, rng, config)
     trimmed = trim_context(tokenizer, hole.prefix, hole.suffix, context)
     canvas = layout_canvas(trimmed.prefix_ids, span_length, trimmed.suffix_ids)
     targets = list(middle_ids) + [tokens.end_of_span_id] * (span_length - len(middle_ids))
