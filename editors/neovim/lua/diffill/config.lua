@@ -40,6 +40,7 @@ M.defaults = {
       dtype = 'auto', -- auto, float32, bfloat16, float16
       trustRemoteCode = false, -- run a checkpoint's own modelling code (never by default)
       threads = 0, -- CPU threads for torch; 0: half the cores
+      dualCache = 0, -- llada/dream: prefix/suffix keys and values refreshed every N steps; 0: off
     },
     sampling = {
       -- steps = nil: the family's default number of forward passes per block
@@ -53,6 +54,7 @@ M.defaults = {
       lineTokens = 24, -- span positions when the cursor is mid-line
       debounceMs = 50, -- the server waits this long; a newer request in the meantime wins
       cacheEntries = 250, -- LRU of suggestions by context; 0 turns caching off
+      budgetMs = 250, -- ms of model work per fill, then the best passing suggestion so far (vim.NIL: no limit)
     },
     rewrite = {
       maxTokens = 256, -- span positions for a rewrite or a body fill
@@ -72,7 +74,7 @@ M.defaults = {
       debounceMs = 300,
     },
     engine = {
-      mode = 'auto', -- auto (the shared engine, else in this server), shared, inprocess
+      mode = 'auto', -- auto (the shared engine, else in this server), shared, inprocess, remote (url, key/keyFile)
     },
     languages = {}, -- languageIds the server acts on; empty: every language
   },
