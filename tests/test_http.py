@@ -178,6 +178,10 @@ def test_infill_body_becomes_a_hole_after_extra_context_prefix_and_prompt():
         parse_infill({"input_extra": "not a list"}, 256)
     with pytest.raises(ValueError, match="n_predict"):
         parse_infill({"n_predict": "many"}, 256)
+    assert call.request.budget_ms == 2500  # t_max_predict_ms: the fill's time budget
+    assert parse_infill({"t_max_predict_ms": 0}, 256).request.budget_ms is None  # llama.cpp's 0: no limit
+    with pytest.raises(ValueError, match="t_max_predict_ms"):
+        parse_infill({"t_max_predict_ms": "soon"}, 256)
 
 
 def test_content_is_cut_as_llama_cpp_cuts_it():

@@ -6,8 +6,8 @@ llama.cpp builds `<FIM_PRE>extra + input_prefix<FIM_SUF>input_suffix<FIM_MID>pro
 so here the hole's prefix is the extra chunks, then `input_prefix`, then `prompt`; its suffix is `input_suffix`.
 `n_predict` is the canvas size (0: a cache warm-up, answered at once with empty content). Sampling fields of an
 autoregressive sampler (`top_k`, `top_p`, `samplers`, `temperature`, `cache_prompt`, `t_max_prompt_ms`, ...) are
-accepted and not used; `t_max_predict_ms` is not a cut-off either, since a canvas has no partial answer to return
-early (docs/TEAM.md). The answer has llama.cpp's fields (`content`, `stop`, `stop_type`, `tokens_predicted`,
+accepted and not used. `t_max_predict_ms` (llama.cpp: 0 off) becomes the fill's time budget: past it the canvas takes
+its current best guess and repairs are skipped, as `completion.budgetMs` does in the editor (docs/TEAM.md). The answer has llama.cpp's fields (`content`, `stop`, `stop_type`, `tokens_predicted`,
 `timings`, ...), reduced to `response_fields` (flat `a/b` keys) when those are given.
 """
 
@@ -22,13 +22,13 @@ from infill_engine.request import InfillRequest, InfillResult
 DEFAULT_N_PREDICT = 64  # canvas positions when the body does not say (llama.cpp's -1, "until done", included)
 IGNORED_FIELDS = (  # accepted so that existing clients work unchanged; an autoregressive sampler's knobs
     "top_k", "top_p", "min_p", "typical_p", "temperature", "samplers", "cache_prompt", "stream", "t_max_prompt_ms",
-    "t_max_predict_ms", "n_probs", "id_slot", "lora", "repeat_penalty", "repeat_last_n", "presence_penalty",
+    "n_probs", "id_slot", "lora", "repeat_penalty", "repeat_last_n", "presence_penalty",
     "frequency_penalty", "dynatemp_range", "dynatemp_exponent", "xtc_probability", "xtc_threshold", "dry_multiplier",
     "dry_base", "dry_allowed_length", "dry_penalty_last_n", "mirostat", "mirostat_tau", "mirostat_eta", "ignore_eos",
     "n_keep", "model", "return_tokens", "timings_per_token", "post_sampling_probs", "n_cmpl", "max_tokens",
 )
 FIELDS = ("input_prefix", "input_suffix", "input_extra", "prompt", "n_predict", "n_indent", "stop", "seed",
-          "response_fields", *IGNORED_FIELDS)
+          "response_fields", "t_max_predict_ms", *IGNORED_FIELDS)
 
 
 @dataclass(frozen=True)
@@ -70,8 +70,12 @@ def parse_infill(body: Any, max_tokens: int) -> InfillCall:
     fields = body.get("response_fields")
     if fields is not None and (not isinstance(fields, list) or not all(isinstance(f, str) for f in fields)):
         raise ValueError("response_fields must be a list of strings")
+    budget = body.get("t_max_predict_ms", 0)
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget < 0:
+        raise ValueError(f"t_max_predict_ms must be a number of milliseconds >= 0, 0 for no limit (got {budget!r})")
     span = DEFAULT_N_PREDICT if n_predict == -1 else min(n_predict, max_tokens)
-    request = InfillRequest(prefix=extra + prefix + prompt, suffix=suffix, max_tokens=max(span, 1), seed=seed)
+    request = InfillRequest(prefix=extra + prefix + prompt, suffix=suffix, max_tokens=max(span, 1), seed=seed,
+                            budget_ms=int(budget) if budget > 0 else None)
     return InfillCall(request, n_indent, tuple(s for s in stop if s), None if fields is None else tuple(fields),
                       warm_up=n_predict == 0)
 
