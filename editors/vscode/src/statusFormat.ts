@@ -16,7 +16,7 @@ export interface StatusPayload {
   tokens_per_forward?: number;
   steps_done?: number;
   model?: string; // e.g. "diffill:model"
-  state?: string; // starting, loading, ready, failed, absent
+  state?: string; // starting, loading, ready, failed, absent, unreachable
 }
 
 /** The status bar item's text (with a codicon), tooltip, and whether it shows a warning. */
@@ -42,6 +42,12 @@ export function stateView(state: string, model?: string, message?: string): Stat
     case "starting":
     case "loading":
       return { text: "$(loading~spin) diffill", tooltip: `diffill: loading the model. ${CLICK}`, warning: false };
+    case "unreachable":
+      return {
+        text: "$(debug-disconnect) diffill",
+        tooltip: `diffill: the engine (a team server or the shared engine) is not answering; the next request tries it again. ${CLICK}`,
+        warning: true,
+      };
     case "stopped":
       return { text: "$(circle-slash) diffill", tooltip: `diffill: the server is not running. ${CLICK}`, warning: true };
     default: {

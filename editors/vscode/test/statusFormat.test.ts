@@ -46,6 +46,9 @@ describe("stateView", () => {
   it("names the model when it is ready and the reason when it is not", () => {
     assert.equal(stateView("ready", "diffill:tiny").text, "$(sparkle) diffill:tiny");
     assert.match(stateView("failed", undefined, "no such directory").tooltip, /no such directory/);
+    const lost = stateView("unreachable");
+    assert.match(lost.tooltip, /not answering/);
+    assert.equal(lost.warning, true);
   });
 });
 

@@ -2,7 +2,7 @@
 
 ---@class diffill.Status
 ---@field method string the request, e.g. textDocument/inlineCompletion
----@field outcome string ok, empty, cache, not_ready, superseded, cancelled, changed, disabled, invalid, error
+---@field outcome string ok, empty, cache, not_ready, superseded, cancelled, changed, disabled, invalid, error, unreachable
 ---@field items integer
 ---@field cache_hit boolean
 ---@field ms number
@@ -10,7 +10,7 @@
 ---@field forward_passes integer
 ---@field tokens_per_forward number
 ---@field model string
----@field state string
+---@field state string starting, loading, ready, failed, absent, unreachable (the statusline shows `diffill <state>`)
 
 local M = {}
 
