@@ -7,7 +7,6 @@ docs/SECURITY.md names the test of each mitigation.
 from __future__ import annotations
 
 import asyncio
-import json
 import shutil
 import socket
 import subprocess
@@ -21,10 +20,14 @@ from pytest_lsp import LanguageClient, client_capabilities
 from tests.lsp.conftest import (
     SERVER_ENV,
     WAIT,
+    connect_when_listening,
     complete,
     field_of,
+    free_port,
     inline,
+    lsp_message,
     open_document,
+    read_lsp_message,
     serve_command,
     wait_until_loaded,
 )
@@ -82,54 +85,26 @@ async def test_no_file_of_the_workspace_is_read_only_the_open_documents(tmp_path
     assert [path for path in opened if path.startswith(str(project))] == []
 
 
-def _message(payload: dict) -> bytes:
-    body = json.dumps({"jsonrpc": "2.0", **payload}).encode()
-    return f"Content-Length: {len(body)}\r\n\r\n".encode() + body
-
-
-def _read_message(stream) -> dict:
-    length = 0
-    while (line := stream.readline()) not in (b"\r\n", b""):
-        if line.lower().startswith(b"content-length:"):
-            length = int(line.split(b":")[1])
-    if not length:
-        raise ConnectionError("the server closed the connection")
-    return json.loads(stream.read(length))
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def test_over_tcp_a_client_cannot_turn_on_a_checkpoints_own_code(model_dirs, tmp_path):
     marker = tmp_path / "imported"
     remote = tmp_path / "remote"
     shutil.copytree(model_dirs["dream"], remote)
     with open(remote / "modeling_tiny_masked.py", "a", encoding="utf-8") as module:
         module.write(f"\nimport pathlib\npathlib.Path({str(marker)!r}).touch()\n")
-    port = _free_port()
+    port = free_port()
     server = subprocess.Popen(serve_command("--tcp", str(port)), env=SERVER_ENV, stderr=subprocess.DEVNULL)
     try:
+        connection = connect_when_listening(port, server)
         deadline = time.monotonic() + WAIT
-        while True:
-            try:
-                connection = socket.create_connection(("127.0.0.1", port), timeout=WAIT)
-                break
-            except OSError:
-                if time.monotonic() > deadline or server.poll() is not None:
-                    raise
-                time.sleep(0.1)
         with connection, connection.makefile("rb") as stream:
             options = {"model": {"path": str(remote), "trustRemoteCode": True}}
-            connection.sendall(_message({"id": 1, "method": "initialize",
-                                         "params": {"capabilities": {}, "initializationOptions": options}}))
-            connection.sendall(_message({"method": "initialized", "params": {}}))
+            connection.sendall(lsp_message({"id": 1, "method": "initialize",
+                                            "params": {"capabilities": {}, "initializationOptions": options}}))
+            connection.sendall(lsp_message({"method": "initialized", "params": {}}))
             shown, state, ask = [], None, 2
-            connection.sendall(_message({"id": ask, "method": "diffill/debugInfo", "params": {}}))
+            connection.sendall(lsp_message({"id": ask, "method": "diffill/debugInfo", "params": {}}))
             while time.monotonic() < deadline:
-                message = _read_message(stream)
+                message = read_lsp_message(stream)
                 if message.get("method") == "window/showMessage":
                     shown.append(message["params"]["message"])
                 elif message.get("id") == ask and "result" in message:
@@ -138,12 +113,12 @@ def test_over_tcp_a_client_cannot_turn_on_a_checkpoints_own_code(model_dirs, tmp
                         break
                     time.sleep(0.1)
                     ask += 1
-                    connection.sendall(_message({"id": ask, "method": "diffill/debugInfo", "params": {}}))
+                    connection.sendall(lsp_message({"id": ask, "method": "diffill/debugInfo", "params": {}}))
             assert any("trustRemoteCode is refused over TCP" in m for m in shown), shown
             assert state is not None and state["state"] == "failed", state
             assert "ships its own modelling code" in state["message"]
             assert state["settings"]["model"]["trust_remote_code"] is False
-            connection.sendall(_message({"id": 999, "method": "shutdown"}) + _message({"method": "exit"}))
+            connection.sendall(lsp_message({"id": 999, "method": "shutdown"}) + lsp_message({"method": "exit"}))
         server.wait(timeout=WAIT)
     finally:
         server.kill()

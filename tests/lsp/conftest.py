@@ -9,8 +9,12 @@ test event loops must share a scope (pyproject sets both to "module": one server
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import socket
+import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -209,3 +213,39 @@ async def send_raw(client: LanguageClient, message: dict[str, Any]) -> Any:
     body = json.dumps({"jsonrpc": "2.0", **message}).encode("utf-8")
     client.protocol.writer.write(f"Content-Length: {len(body)}\r\n\r\n".encode() + body)  # type: ignore[union-attr]
     return await asyncio.wait_for(asyncio.wrap_future(future), WAIT)
+
+
+def lsp_message(payload: dict[str, Any]) -> bytes:
+    """A JSON-RPC message framed as LSP frames it (Content-Length header, then the body)."""
+    body = json.dumps({"jsonrpc": "2.0", **payload}).encode()
+    return f"Content-Length: {len(body)}\r\n\r\n".encode() + body
+
+
+def read_lsp_message(stream: Any) -> dict[str, Any]:
+    """The next framed message from a binary stream; ConnectionError when the server closed it."""
+    length = 0
+    while (line := stream.readline()) not in (b"\r\n", b""):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":")[1])
+    if not length:
+        raise ConnectionError("the server closed the connection")
+    return json.loads(stream.read(length))
+
+
+def free_port() -> int:
+    """A loopback TCP port nobody listens on now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def connect_when_listening(port: int, server: subprocess.Popen[bytes]) -> socket.socket:
+    """A connection to `diffill serve --tcp PORT` once it listens (OSError when it exits or WAIT passes first)."""
+    deadline = time.monotonic() + WAIT
+    while True:
+        try:
+            return socket.create_connection(("127.0.0.1", port), timeout=WAIT)
+        except OSError:
+            if time.monotonic() > deadline or server.poll() is not None:
+                raise
+            time.sleep(0.1)

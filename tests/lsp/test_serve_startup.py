@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import json
-import socket
 import subprocess
 import sys
-import time
 
 import pytest
 import pytest_lsp
@@ -17,10 +14,14 @@ from tests.lsp.conftest import (
     CLIENTS,
     SERVER_ENV,
     WAIT,
+    connect_when_listening,
     debug_info,
     field_of,
+    free_port,
     inline,
+    lsp_message,
     open_document,
+    read_lsp_message,
     serve_command,
     start,
     status_after,
@@ -97,44 +98,17 @@ async def test_malformed_initialization_options_are_named_and_defaults_used(fres
     assert info["settings"]["languages"] == []
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def _message(payload: dict) -> bytes:
-    body = json.dumps({"jsonrpc": "2.0", **payload}).encode()
-    return f"Content-Length: {len(body)}\r\n\r\n".encode() + body
-
-
-def _read_message(stream) -> dict:
-    length = 0
-    while (line := stream.readline()) not in (b"\r\n", b""):
-        if line.lower().startswith(b"content-length:"):
-            length = int(line.split(b":")[1])
-    return json.loads(stream.read(length))
-
-
 def test_tcp_serves_on_loopback():
-    port = _free_port()
+    port = free_port()
     server = subprocess.Popen(serve_command("--tcp", str(port)), env=SERVER_ENV, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + WAIT
-        while True:
-            try:
-                connection = socket.create_connection(("127.0.0.1", port), timeout=WAIT)
-                break
-            except OSError:
-                if time.monotonic() > deadline or server.poll() is not None:
-                    raise
-                time.sleep(0.1)
+        connection = connect_when_listening(port, server)
         with connection, connection.makefile("rb") as stream:
-            connection.sendall(_message({"id": 1, "method": "initialize", "params": {"capabilities": {}}}))
-            answer = _read_message(stream)
+            connection.sendall(lsp_message({"id": 1, "method": "initialize", "params": {"capabilities": {}}}))
+            answer = read_lsp_message(stream)
             assert answer["id"] == 1 and "inlineCompletionProvider" in answer["result"]["capabilities"]
-            connection.sendall(_message({"id": 2, "method": "shutdown"}) + _message({"method": "exit"}))
-            assert _read_message(stream)["id"] == 2
+            connection.sendall(lsp_message({"id": 2, "method": "shutdown"}) + lsp_message({"method": "exit"}))
+            assert read_lsp_message(stream)["id"] == 2
         assert server.wait(timeout=WAIT) == 0
     finally:
         server.kill()
