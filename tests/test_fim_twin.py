@@ -6,7 +6,6 @@ from __future__ import annotations
 import gzip
 import json
 import random
-import shutil
 from pathlib import Path
 
 import pytest
@@ -35,13 +34,7 @@ STDLIB_MODULES = ("textwrap", "heapq", "bisect", "shlex")
 @pytest.fixture(scope="module")
 def source_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A directory of real Python files."""
-    import importlib
-    import inspect
-
-    directory = tmp_path_factory.mktemp("sources")
-    for name in STDLIB_MODULES:
-        shutil.copy(inspect.getsourcefile(importlib.import_module(name)), directory / f"{name}.py")
-    return directory
+    return tiny_models.copy_stdlib_sources(tmp_path_factory.mktemp("sources"), STDLIB_MODULES)
 
 
 @pytest.fixture(scope="module")

@@ -36,6 +36,7 @@ from infill_engine.training.config import TrainConfig
 from infill_engine.training.loss_log import iter_log
 from infill_engine.training.run_directory import prepare_run
 from infill_engine.training.train import train
+from tests import tiny_models
 
 # Real code to train on: small standard-library modules, the same in every Python.
 STDLIB_MODULES = ("textwrap", "colorsys", "bisect", "heapq", "shlex", "fnmatch", "glob", "copy", "numbers", "string")
@@ -54,13 +55,7 @@ WHITESPACE_SAMPLES = [
 @pytest.fixture(scope="module")
 def source_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A directory of real Python files."""
-    import importlib
-    import inspect
-
-    directory = tmp_path_factory.mktemp("sources")
-    for name in STDLIB_MODULES:
-        shutil.copy(inspect.getsourcefile(importlib.import_module(name)), directory / f"{name}.py")
-    return directory
+    return tiny_models.copy_stdlib_sources(tmp_path_factory.mktemp("sources"), STDLIB_MODULES)
 
 
 @pytest.fixture(scope="module")

@@ -176,3 +176,13 @@ def build_remote_code(directory: Path, family: str, seed: int = 0, extra_tokens:
     }
     config_path.write_text(json.dumps(config, indent=2))
     return directory
+
+
+def copy_stdlib_sources(directory: Path, modules: tuple[str, ...]) -> Path:
+    """`directory` holding the source files of these standard-library modules (real Python to train on)."""
+    import importlib
+    import inspect
+
+    for name in modules:
+        shutil.copy(inspect.getsourcefile(importlib.import_module(name)), directory / f"{name}.py")
+    return directory
