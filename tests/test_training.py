@@ -578,3 +578,70 @@ def test_corpus_token_counts_by_kind_match_tokenizing_each_file(tokenizer) -> No
         texts = [text for group, text in files if group == kind]
         tokens = sum(len(tokenizer(text, add_special_tokens=False)["input_ids"]) for text in texts)
         assert counts[kind] == (sum(len(text) for text in texts), tokens)
+
+
+def test_held_out_loss_is_measured_as_served_whatever_the_training_layout(prepared_run: Path, source_dir: Path,
+                                                                         tmp_path: Path) -> None:
+    # with a learning rate too small to move the weights, runs that train on one or on three holes per window report
+    # the same held-out loss: both measure the one-hole layout that serving uses, so their curves share one scale
+    losses = []
+    for holes in (1, 3):
+        run_dir = copy_run(prepared_run, tmp_path / f"holes-{holes}")
+        result = train(tiny_config(run_dir, source_dir, steps=1, eval_every=1, seq_len=96, holes=holes, lr=1e-12))
+        losses.append(result.eval_loss)
+    assert losses[0] == pytest.approx(losses[1], rel=1e-4)
+
+
+# ------------------------------------------------------------------------------------------------- certainty forcing
+
+
+def test_certainty_loss_is_the_entropy_of_the_right_predictions_only() -> None:
+    from infill_engine.diffill_model.modeling_diffill import CERTAINTY_TEMPERATURE, certainty_loss
+
+    logits = torch.tensor([[4.0, 1.0, 0.0], [0.0, 3.0, 0.5], [2.0, 0.0, 1.0]], requires_grad=True)
+    labels = torch.tensor([0, 2, 0])  # the first and the third are right, the second is wrong
+    probs = torch.softmax(logits.detach()[[0, 2]] / CERTAINTY_TEMPERATURE, dim=-1)
+    expected = -(probs * probs.log()).sum(dim=-1).mean()
+    loss = certainty_loss(logits, labels)
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    loss.backward()
+    assert logits.grad[1].abs().sum() == 0  # a wrong prediction is left to the cross-entropy
+    nothing_right = certainty_loss(logits, torch.tensor([2, 0, 1]))
+    assert nothing_right.item() == 0.0
+
+
+def iter_held_out_batches(run_dir: Path, source_dir: Path):
+    """Batches of the run's held-out documents laid out as served (one hole per window)."""
+    from transformers import AutoTokenizer
+
+    from infill_engine.training.example_stream import ExampleStream
+
+    corpus = read_corpus(run_dir)
+    config = tiny_config(run_dir, source_dir, seq_len=96).resolved()
+    stream = ExampleStream(corpus.split("eval") or corpus.split("train"), AutoTokenizer.from_pretrained(
+        run_dir / "tokenizer"), config.objective, seed=5)
+    while True:
+        yield stream.batch(16)
+
+
+def test_certainty_forcing_makes_the_model_surer_where_it_is_right(prepared_run: Path, source_dir: Path,
+                                                                   tmp_path: Path) -> None:
+    # the same run with and without the term: with it, the masked positions the model gets right end up with a
+    # lower entropy, which is what lets the sampler's threshold commit several positions per step
+    from infill_engine.diffill_model.modeling_diffill import certainty_loss
+
+    entropies = []
+    for weight in (0.0, 5.0):
+        run_dir = copy_run(prepared_run, tmp_path / f"certainty-{weight}")
+        result = train(tiny_config(run_dir, source_dir, steps=30, checkpoint_every=30, eval_every=30, seq_len=96,
+                                   lr=1e-2, certainty_weight=weight))
+        model = DiffillForInfilling.from_pretrained(result.checkpoint).eval()
+        batch = next(iter_held_out_batches(run_dir, source_dir))
+        with torch.no_grad():
+            logits = model(**{k: v for k, v in batch.items() if k not in ("labels", "loss_weights",
+                                                                          "next_token_labels")}).logits
+        labelled = batch["labels"] != IGNORE_INDEX
+        entropies.append(certainty_loss(logits[labelled], batch["labels"][labelled]).item())
+    assert entropies[1] < entropies[0]
+    with pytest.raises(ValueError, match="certainty"):
+        TrainConfig(run_dir=tmp_path / "bad", certainty_weight=-1.0)

@@ -112,6 +112,18 @@ def masked_diffusion_loss(
     return token_loss.sum() / labelled.sum().clamp(min=1)
 
 
+CERTAINTY_TEMPERATURE = 0.5  # dParallel's: the entropy is taken of the sharpened distribution
+
+
+def certainty_loss(logits: torch.Tensor, labels: torch.LongTensor) -> torch.Tensor:
+    """Mean entropy of the predictions that are already right (dParallel's certainty forcing); 0 if none are."""
+    right = logits.argmax(dim=-1) == labels  # labels: (..., ) without IGNORE_INDEX entries
+    if not bool(right.any()):
+        return logits.sum() * 0.0  # keeps the graph, so backward works on a batch with nothing right
+    log_probs = F.log_softmax(logits[right].float() / CERTAINTY_TEMPERATURE, dim=-1)
+    return -(log_probs.exp() * log_probs).sum(dim=-1).mean()
+
+
 class DiffillAttention(nn.Module):
     """Multi-head attention with rotary embeddings, optionally after a cached context's keys and values."""
 
@@ -357,6 +369,7 @@ class DiffillForInfilling(DiffillPreTrainedModel):
         next_token_labels: torch.LongTensor | None = None,
         next_token_weight: float = 1.0,
         canvas_segments: torch.LongTensor | None = None,
+        certainty_weight: float = 0.0,
         **kwargs,
     ) -> MaskedLMOutput:
         """One pass over context and canvas together (training); canvas_mask None means all positions are canvas.
@@ -370,6 +383,8 @@ class DiffillForInfilling(DiffillPreTrainedModel):
         (shifted) output is also trained to predict its token, as an autoregressive model is; the loss becomes the
         span's loss plus `next_token_weight` times the mean next-token cross-entropy. `canvas_segments` (B, T) marks
         several canvases in one sequence (0: context, k: the k-th canvas), each attending to the context and itself.
+        `certainty_weight` (with `loss_only`) adds that times `certainty_loss` at the span: the model is pushed to be
+        sure where it is already right, so that the sampler's threshold commits more positions per step.
         """
         B, T = input_ids.shape
         if position_ids is None:
@@ -396,6 +411,8 @@ class DiffillForInfilling(DiffillPreTrainedModel):
             weights = None if loss_weights is None else loss_weights[labelled][None]
             span_logits = self.lm_head(self.norm(x[labelled]))[None]  # (1, L, V)
             loss = masked_diffusion_loss(span_logits, labels[labelled][None], weights)
+            if certainty_weight:
+                loss = loss + certainty_weight * certainty_loss(span_logits[0], labels[labelled])
             if next_token_labels is not None:
                 context = next_token_labels != IGNORE_INDEX  # (B, T)
                 context_logits = self.lm_head(self.norm(x[context]))  # (L', V)
@@ -409,6 +426,7 @@ class DiffillForInfilling(DiffillPreTrainedModel):
 
 
 __all__ = [
+    "certainty_loss",
     "DiffillContextCache",
     "DiffillForInfilling",
     "DiffillPreTrainedModel",

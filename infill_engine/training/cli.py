@@ -20,8 +20,8 @@ def add_arguments(train: argparse.ArgumentParser) -> None:
     train.add_argument("--bench", metavar="PATH",
                        help="evaluation data the corpus must not overlap (default: the shared HumanEval file)")
     train.add_argument("--preset", default="small",
-                       help="model size and batch shape: tiny (tests), small (CPU), gpu (8 minutes on an H200, "
-                            "20.8M parameters), base (GPU) (default: small)")
+                       help="model size and batch shape: tiny (tests), mini (3.3M parameters), small (CPU, 6.9M), "
+                            "medium (12.3M), gpu (8 minutes on an H200, 20.8M parameters), base (GPU) (default: small)")
     train.add_argument("--init-from", metavar="MODEL",
                        help="a new run starts from this model's weights and tokenizer: a diffill model (e.g. "
                             "infill_engine/model), a Llama-architecture causal LM directory or .gguf file, or "
@@ -46,6 +46,10 @@ def add_arguments(train: argparse.ArgumentParser) -> None:
     train.add_argument("--holes", type=int, default=1, metavar="N",
                        help="holes per training window at most: each window draws 1..N, each hole's canvas sees the "
                             "context and itself (default: 1, one hole as served)")
+    train.add_argument("--certainty-weight", type=float, default=0.0, metavar="W",
+                       help="certainty forcing (dParallel): add W times the entropy of the span predictions that are "
+                            "already right, so fills commit more positions per step (default: 0, off; "
+                            "see docs/MODEL.md)")
     train.add_argument("--autoregressive", action="store_true",
                        help="train the autoregressive twin instead: the same model class and tokenizer (plus FIM "
                             "sentinels), causal attention, prefix-suffix-middle sequences, next-token loss; compare "
@@ -104,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
             train_layers=args.train_layers,
             dense=args.dense,
             holes=args.holes,
+            certainty_weight=args.certainty_weight,
             autoregressive=args.autoregressive,
             data_workers=args.data_workers,
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -26,6 +27,11 @@ PRESETS = {
                    vocab_size=512, batch_size=4, seq_len=96, lr=3e-3, steps=20),
     # DiffillConfig's defaults (about 6.9M parameters with 8,192 tokens): about 2 s a step on 2 CPU cores
     "small": Preset({}, vocab_size=8192, batch_size=16, seq_len=256, lr=1e-3, steps=20_000),
+    # the size sweep's smaller and larger points beside `small` (docs/MODEL.md, "Model size"): about 3.3M and 12M
+    "mini": Preset(dict(hidden_size=192, num_hidden_layers=4, num_attention_heads=3, intermediate_size=512),
+                   vocab_size=8192, batch_size=16, seq_len=256, lr=1e-3, steps=20_000),
+    "medium": Preset(dict(hidden_size=320, num_hidden_layers=8, num_attention_heads=5, intermediate_size=832),
+                     vocab_size=8192, batch_size=16, seq_len=256, lr=1e-3, steps=20_000),
     # for a GPU (about 24M parameters): still small enough to denoise on a laptop CPU
     "base": Preset(dict(hidden_size=384, num_hidden_layers=12, num_attention_heads=6, intermediate_size=1024),
                    vocab_size=8192, batch_size=64, seq_len=512, lr=6e-4, steps=50_000),
@@ -75,6 +81,8 @@ class TrainConfig:
     dense: bool = False
     next_token_weight: float = 1.0  # with dense: the next-token loss's weight beside the span's loss
     holes: int = 1  # holes per training window at most (each window draws 1..holes); 1: one hole, as served
+    # Certainty forcing (dParallel): this times the entropy of the span predictions that are already right
+    certainty_weight: float = 0.0
     # The autoregressive twin (fim_objective): causal attention, prefix-suffix-middle sequences, next-token loss
     autoregressive: bool = False
 
@@ -96,9 +104,11 @@ class TrainConfig:
             raise ValueError(f"lr must be positive (got {self.lr})")
         if self.time_limit_minutes is not None and not self.time_limit_minutes > 0:
             raise ValueError(f"time limit must be a positive number of minutes (got {self.time_limit_minutes})")
-        if self.autoregressive and (self.dense or self.holes > 1 or self.data_workers):
-            raise ValueError("--autoregressive trains the twin's own objective: it takes no --dense, --holes or "
-                             "--data-workers")
+        if not (isinstance(self.certainty_weight, (int, float)) and 0 <= self.certainty_weight < math.inf):
+            raise ValueError(f"certainty weight must be a number >= 0 (got {self.certainty_weight!r})")
+        if self.autoregressive and (self.dense or self.holes > 1 or self.data_workers or self.certainty_weight):
+            raise ValueError("--autoregressive trains the twin's own objective: it takes no --dense, --holes, "
+                             "--certainty-weight or --data-workers")
         if not self.use_stdlib and not self.sources:
             raise ValueError("no training data: give --source DIR, or leave the standard library in")
 

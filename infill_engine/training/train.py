@@ -209,7 +209,8 @@ def train(config: TrainConfig) -> TrainResult:
     )
 
     stream = ExampleStream(train_docs, tokenizer, config.objective, config.seed, config.dense, config.autoregressive)
-    eval_stream = ExampleStream(eval_docs, tokenizer, config.objective, config.seed + 1_000_003,
+    # held-out windows are laid out as served (one hole), whatever the training layout, so runs compare on one scale
+    eval_stream = ExampleStream(eval_docs, tokenizer, replace(config.objective, holes=1), config.seed + 1_000_003,
                                 autoregressive=config.autoregressive)
     eval_batches = [eval_stream.batch(config.batch_size) for _ in range(config.eval_batches)]
 
@@ -287,10 +288,12 @@ def train_step(
     device: torch.device,
     grad_clip: float,
     next_token_weight: float = 1.0,
+    certainty_weight: float = 0.0,
 ) -> tuple[float, float]:
     """One optimizer step on a batch; the loss before the step and the learning rate it was taken with."""
     with _autocast(device):
-        loss = model(**batch, loss_only=True, next_token_weight=next_token_weight).loss
+        loss = model(**batch, loss_only=True, next_token_weight=next_token_weight,
+                     certainty_weight=certainty_weight).loss
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
@@ -345,7 +348,8 @@ def _loop(
             batch_tokens = int(batch["attention_mask"].sum())  # counted on the CPU copy: no device sync
             batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
             loss, lr = train_step(
-                model, optimizer, scheduler, batch, device, config.grad_clip, config.next_token_weight
+                model, optimizer, scheduler, batch, device, config.grad_clip, config.next_token_weight,
+                config.certainty_weight
             )
             state.step += 1
             session_tokens += batch_tokens
