@@ -85,6 +85,12 @@ class InfillEngine:
         engine.sampler, engine.context = self._with(options, current=True)
         return engine
 
+    def with_denoiser(self, denoiser: Denoiser) -> "InfillEngine":
+        """A shallow copy (the same settings) that runs on another denoiser: a fill's member of a batch."""
+        engine = copy.copy(self)
+        engine.denoiser = denoiser
+        return engine
+
     def _with(self, options: EngineOptions, current: bool = False) -> tuple[SamplerConfig, ContextConfig]:
         """The sampler and context of the defaults (or the current ones) with `options` set."""
         sampler, context = (self.sampler, self.context) if current else self._defaults

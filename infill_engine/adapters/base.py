@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import torch
 
@@ -31,6 +31,23 @@ class EncodedContext:
     state: Any = None
 
 
+class ContextArgs(NamedTuple):
+    """The arguments of one `Denoiser.encode` call."""
+
+    prefix_ids: list[int]
+    suffix_ids: list[int]
+    span_length: int
+    batch_size: int
+
+
+class MergedRows(NamedTuple):
+    """One request's part of a merged batch: its encoded context and the shape of its canvas."""
+
+    context: EncodedContext
+    rows: int  # canvases (candidates) of this request
+    length: int  # canvas positions N of this request
+
+
 class Denoiser(ABC):
     """A diffusion model behind the interface the sampler needs."""
 
@@ -39,6 +56,7 @@ class Denoiser(ABC):
     block_mode: BlockMode  # "restrict": the whole span is on the canvas, blocks order the commits;
     #                        "append": each block is its own canvas, committed blocks join the context
     uses_self_conditioning: bool = False  # the model takes the previous step's logits as an input
+    batches_contexts: bool = False  # canvases of different contexts share one forward pass (`merge_contexts`)
 
     def __init__(self, model: Any, tokenizer: Any, special: SpecialTokens, path: str) -> None:
         self.model = model
@@ -83,6 +101,16 @@ class Denoiser(ABC):
         self, context: EncodedContext, canvas: torch.Tensor, self_conditioning: torch.Tensor | None = None
     ) -> torch.Tensor:
         """Logits (B, N, V) for every span position of `canvas` (B, N)."""
+
+    def encode_many(self, requests: list[ContextArgs]) -> list[EncodedContext]:
+        """Encode several requests' contexts; families that batch contexts do it in one padded forward pass."""
+        return [self.encode(*args) for args in requests]
+
+    def merge_contexts(self, parts: list[MergedRows]) -> EncodedContext:
+        """One context for the canvases of several requests stacked in order, each right-padded to the longest
+        canvas: `predict(merged, canvas)` with canvas (sum of rows, longest length) gives each request's logits in
+        its rows and first `length` columns. Only where `batches_contexts` is True."""
+        raise NotImplementedError(f"{self.family} cannot put canvases of different contexts in one batch")
 
     def encode_rows(
         self, prefix_ids: list[int], continuation: torch.Tensor, suffix_ids: list[int], span_length: int

@@ -1,10 +1,28 @@
-"""The embedded default model: the context is encoded once per request, each step computes only the canvas."""
+"""The embedded default model: the context is encoded once per request, each step computes only the canvas.
+
+Because every token carries an explicit position id and padding is never attended, contexts of different lengths
+encode together as one right-padded batch (`encode_many`), and the canvases of different requests share a forward
+pass against their contexts' keys and values padded to the longest (`merge_contexts`); each row's logits are those
+it gets alone, up to floating-point rounding.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from infill_engine.adapters.base import Denoiser, EncodedContext
+from infill_engine.adapters.base import ContextArgs, Denoiser, EncodedContext, MergedRows
+from infill_engine.diffill_model.modeling_diffill import DiffillContextCache
+
+
+@dataclass(frozen=True)
+class _CanvasOf:
+    """What `predict` needs of an encoded (or merged) context."""
+
+    cache: DiffillContextCache  # keys and values of the context (batch 1, or one row per canvas when merged)
+    positions: torch.Tensor  # (1, N) or (B, N) position ids of the canvas
+    known: torch.Tensor | None = None  # (B, N) True at real canvas positions when canvases are padded; None: all
 
 
 class DiffillDenoiser(Denoiser):
@@ -13,25 +31,113 @@ class DiffillDenoiser(Denoiser):
     family = "diffill"
     noise = "mask"
     block_mode = "restrict"
+    batches_contexts = True
 
     def encode(self, prefix_ids: list[int], suffix_ids: list[int], span_length: int, batch_size: int) -> EncodedContext:
         """Encode prefix and suffix once; positions leave room for the span between them."""
         device = self.device
-        prefix_length = len(prefix_ids)
         context_ids = torch.tensor([list(prefix_ids) + list(suffix_ids)], dtype=torch.long, device=device)  # (1, C)
-        positions = torch.cat(
-            [
-                torch.arange(prefix_length, device=device),
-                torch.arange(len(suffix_ids), device=device) + prefix_length + span_length,
-            ]
-        )[None]  # (1, C)
+        positions = _context_positions(len(prefix_ids), len(suffix_ids), span_length, device)[None]  # (1, C)
         cache = self.model.encode_context(context_ids, positions)
-        canvas_positions = torch.arange(prefix_length, prefix_length + span_length, device=device)[None]  # (1, N)
-        return EncodedContext(list(prefix_ids), list(suffix_ids), span_length, batch_size, (cache, canvas_positions))
+        return self._encoded(ContextArgs(prefix_ids, suffix_ids, span_length, batch_size), cache)
+
+    @torch.no_grad()
+    def encode_many(self, requests: list[ContextArgs]) -> list[EncodedContext]:
+        """Encode several contexts in one forward pass, right-padded to the longest; each keeps its own rows."""
+        if len(requests) == 1:
+            return [self.encode(*requests[0])]
+        device = self.device
+        lengths = [len(r.prefix_ids) + len(r.suffix_ids) for r in requests]
+        longest = max(lengths)
+        filler = self._filler_id()
+        ids = torch.full((len(requests), longest), filler, dtype=torch.long, device=device)  # (R, C)
+        positions = torch.zeros((len(requests), longest), dtype=torch.long, device=device)  # (R, C)
+        known = torch.zeros((len(requests), longest), dtype=torch.bool, device=device)  # (R, C)
+        for row, (args, length) in enumerate(zip(requests, lengths)):
+            ids[row, :length] = torch.tensor(list(args.prefix_ids) + list(args.suffix_ids), dtype=torch.long)
+            positions[row, :length] = _context_positions(len(args.prefix_ids), len(args.suffix_ids),
+                                                         args.span_length, device)
+            known[row, :length] = True
+        cache = self.model.encode_context(ids, positions, known)
+        return [self._encoded(args, _row_of(cache, row, length, positions))
+                for row, (args, length) in enumerate(zip(requests, lengths))]
+
+    def merge_contexts(self, parts: list[MergedRows]) -> EncodedContext:
+        """The contexts' keys and values padded to the longest, one row per canvas; canvases padded likewise."""
+        device = self.device
+        rows = sum(part.rows for part in parts)
+        context_length = max(part.context.state.cache.length for part in parts)
+        canvas_length = max(part.length for part in parts)
+        caches = [part.context.state.cache for part in parts]
+        counts = [part.rows for part in parts]
+        keys = tuple(_stack_padded([c.keys[layer] for c in caches], counts, context_length)
+                     for layer in range(len(caches[0].keys)))  # each (B, H, C, D)
+        values = tuple(_stack_padded([c.values[layer] for c in caches], counts, context_length)
+                       for layer in range(len(caches[0].values)))
+        context_known = torch.zeros((rows, context_length), dtype=torch.bool, device=device)  # (B, C)
+        positions = torch.zeros((rows, canvas_length), dtype=torch.long, device=device)  # (B, N)
+        canvas_known = torch.zeros((rows, canvas_length), dtype=torch.bool, device=device)  # (B, N)
+        start = 0
+        for part, cache in zip(parts, caches):
+            stop = start + part.rows
+            context_known[start:stop, : cache.length] = True
+            first = int(part.context.state.positions[0, 0])
+            positions[start:stop] = torch.arange(first, first + canvas_length, device=device)
+            canvas_known[start:stop, : part.length] = True
+            start = stop
+        merged = DiffillContextCache(keys=keys, values=values, padding_mask=context_known)
+        if caches[0].hidden is not None:  # shift_logits: the context's outputs and positions, padded the same way
+            merged.hidden = _stack_padded([c.hidden[:, None] for c in caches], counts, context_length)[:, 0]
+            merged.positions = _stack_padded([c.positions[:, None, :, None] for c in caches], counts,
+                                             context_length, fill=-1)[:, 0, :, 0]
+        state = _CanvasOf(merged, positions, canvas_known)
+        return EncodedContext([], [], canvas_length, rows, state)
 
     def predict(
         self, context: EncodedContext, canvas: torch.Tensor, self_conditioning: torch.Tensor | None = None
     ) -> torch.Tensor:
         """Logits (B, N, V) of the canvas against the cached context."""
-        cache, positions = context.state
-        return self.model.denoise(canvas, positions.expand(canvas.shape[0], -1), cache).float()
+        state: _CanvasOf = context.state
+        positions = state.positions.expand(canvas.shape[0], -1)  # (B, N)
+        return self.model.denoise(canvas, positions, state.cache, state.known).float()
+
+    def _encoded(self, args: ContextArgs, cache: DiffillContextCache) -> EncodedContext:
+        prefix_length = len(args.prefix_ids)
+        canvas_positions = torch.arange(prefix_length, prefix_length + args.span_length, device=self.device)[None]
+        return EncodedContext(list(args.prefix_ids), list(args.suffix_ids), args.span_length, args.batch_size,
+                              _CanvasOf(cache, canvas_positions))  # (1, N) positions
+
+    def _filler_id(self) -> int:
+        """A token id for padding positions (never attended; read from the tokenizer's special tokens)."""
+        for token in (self.special.pad_id, self.special.mask_id, *self.special.end_of_span_ids):
+            if token is not None:
+                return token
+        raise ValueError(f"{self.path}: the tokenizer names no pad, mask or end-of-span token to pad with")
+
+
+def _context_positions(prefix_length: int, suffix_length: int, span_length: int, device: torch.device) -> torch.Tensor:
+    """(C,) position ids of prefix then suffix, leaving room for the span between them."""
+    return torch.cat([torch.arange(prefix_length, device=device),
+                      torch.arange(suffix_length, device=device) + prefix_length + span_length])
+
+
+def _row_of(cache: DiffillContextCache, row: int, length: int, positions: torch.Tensor) -> DiffillContextCache:
+    """Row `row` of a padded batch's cache, cut to its own `length` (views, no copy): a cache as if encoded alone."""
+    keys = tuple(k[row : row + 1, :, :length] for k in cache.keys)
+    values = tuple(v[row : row + 1, :, :length] for v in cache.values)
+    single = DiffillContextCache(keys=keys, values=values, padding_mask=None)
+    if cache.hidden is not None:
+        single.hidden, single.positions = cache.hidden[row : row + 1, :length], positions[row : row + 1, :length]
+    return single
+
+
+def _stack_padded(tensors: list[torch.Tensor], counts: list[int], length: int, fill: float = 0) -> torch.Tensor:
+    """Each (1, H, C_i, D) tensor right-padded along dim 2 to `length` and repeated counts[i] times: (sum, H, L, D)."""
+    rows = []
+    for tensor, count in zip(tensors, counts):
+        pad = length - tensor.shape[2]
+        if pad:
+            shape = (tensor.shape[0], tensor.shape[1], pad, *tensor.shape[3:])
+            tensor = torch.cat([tensor, torch.full(shape, fill, dtype=tensor.dtype, device=tensor.device)], dim=2)
+        rows.append(tensor.expand(count, *tensor.shape[1:]))
+    return torch.cat(rows, dim=0)

@@ -286,18 +286,29 @@ class DiffillForInfilling(DiffillPreTrainedModel):
 
     @torch.no_grad()
     def denoise(
-        self, canvas_ids: torch.LongTensor, canvas_positions: torch.LongTensor, cache: DiffillContextCache
+        self,
+        canvas_ids: torch.LongTensor,
+        canvas_positions: torch.LongTensor,
+        cache: DiffillContextCache,
+        canvas_padding_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Logits (B, N, V) for the canvas given an encoded context; a batch-1 cache serves any canvas batch."""
+        """Logits (B, N, V) for the canvas given an encoded context; a batch-1 cache serves any canvas batch.
+
+        `canvas_padding_mask` (B, N), True at real canvas tokens, lets canvases of different lengths share a batch
+        (each row right-padded to N); nobody attends a padding position and its logits are meaningless."""
         B, N = canvas_ids.shape
         if cache.batch_size not in (1, B):
             raise ValueError(f"a context cache of batch {cache.batch_size} cannot serve a canvas batch of {B}")
         x = self.embed_tokens(canvas_ids)  # (B, N, E)
         cos, sin = self._rotary(canvas_positions, x.dtype)  # each (B, 1, N, D)
         attn_mask = None
-        if cache.padding_mask is not None:
-            context_keys = cache.padding_mask[:, None, None, :].expand(B, 1, N, cache.length)  # (B, 1, N, C)
-            canvas_keys = torch.ones(B, 1, N, N, dtype=torch.bool, device=canvas_ids.device)  # (B, 1, N, N)
+        if cache.padding_mask is not None or canvas_padding_mask is not None:
+            context_known = cache.padding_mask if cache.padding_mask is not None else torch.ones(
+                cache.batch_size, cache.length, dtype=torch.bool, device=canvas_ids.device)
+            context_keys = context_known[:, None, None, :].expand(B, 1, N, cache.length)  # (B, 1, N, C)
+            canvas_known = canvas_padding_mask.bool() if canvas_padding_mask is not None else torch.ones(
+                B, N, dtype=torch.bool, device=canvas_ids.device)
+            canvas_keys = canvas_known[:, None, None, :].expand(B, 1, N, N)  # (B, 1, N, N)
             attn_mask = torch.cat([context_keys, canvas_keys], dim=-1)  # (B, 1, N, C + N)
         for block, context_k, context_v in zip(self.layers, cache.keys, cache.values):
             x, _, _ = block(x, cos, sin, attn_mask, (context_k, context_v))
@@ -352,10 +363,12 @@ class DiffillForInfilling(DiffillPreTrainedModel):
         before = cache.positions == canvas_positions[:, :1] - 1  # (B, C)
         if cache.padding_mask is not None:
             before = before & cache.padding_mask
-        if not bool(before.any(dim=-1).all()):  # an empty prefix: as in training, the position predicts itself
+        found = before.any(dim=-1)  # (B,) False for a row with an empty prefix
+        if not bool(found.any()):  # no row has a prefix: as in training, the position predicts itself
             return x[:, :1]
-        weights = before.to(x.dtype)[..., None]  # (B, C, 1), one 1 per row
-        return (weights * cache.hidden.expand(x.shape[0], -1, -1)).sum(dim=1, keepdim=True)
+        weights = before.to(x.dtype)[..., None]  # (B, C, 1), one 1 per row that has a prefix
+        state = (weights * cache.hidden.expand(x.shape[0], -1, -1)).sum(dim=1, keepdim=True)  # (B, 1, E)
+        return torch.where(found[:, None, None], state, x[:, :1])  # per row: rows of several contexts differ
 
     def forward(
         self,
