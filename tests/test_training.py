@@ -645,3 +645,16 @@ def test_certainty_forcing_makes_the_model_surer_where_it_is_right(prepared_run:
     assert entropies[1] < entropies[0]
     with pytest.raises(ValueError, match="certainty"):
         TrainConfig(run_dir=tmp_path / "bad", certainty_weight=-1.0)
+
+
+def test_held_out_tool_puts_a_checkpoint_on_its_runs_own_curve(prepared_run: Path, source_dir: Path,
+                                                               tmp_path: Path, capsys) -> None:
+    from infill_engine.training.held_out import main as held_out_main
+
+    run_dir = copy_run(prepared_run, tmp_path / "run")
+    result = train(tiny_config(run_dir, source_dir, steps=3, eval_every=3, checkpoint_every=3, seq_len=96))
+    assert held_out_main(["--run-dir", str(run_dir), str(result.checkpoint), "--json", str(tmp_path / "h.json")]) == 0
+    rows = json.loads((tmp_path / "h.json").read_text())
+    assert rows[0]["held_out_loss"] == pytest.approx(result.eval_loss, abs=1e-3)
+    assert held_out_main(["--run-dir", str(tmp_path), str(result.checkpoint)]) == 2
+    assert "not a training run directory" in capsys.readouterr().err

@@ -34,6 +34,7 @@ from infill_engine.training.checkpoints import (
 from infill_engine.training.config import PRESETS, TrainConfig
 from infill_engine.training.corpus import Document
 from infill_engine.training.example_stream import ExampleStream
+from infill_engine.training.held_out import held_out_batches
 from infill_engine.training.loss_log import LOG_FILE, append_log, truncate_log
 from infill_engine.training.objective import SpanTokens
 from infill_engine.training.run_directory import build_model, prepare_run, prepare_start
@@ -210,9 +211,8 @@ def train(config: TrainConfig) -> TrainResult:
 
     stream = ExampleStream(train_docs, tokenizer, config.objective, config.seed, config.dense, config.autoregressive)
     # held-out windows are laid out as served (one hole), whatever the training layout, so runs compare on one scale
-    eval_stream = ExampleStream(eval_docs, tokenizer, replace(config.objective, holes=1), config.seed + 1_000_003,
-                                autoregressive=config.autoregressive)
-    eval_batches = [eval_stream.batch(config.batch_size) for _ in range(config.eval_batches)]
+    eval_batches = held_out_batches(eval_docs, tokenizer, config.objective, config.seed, config.batch_size,
+                                    config.eval_batches, config.autoregressive)
 
     torch.manual_seed(config.seed)
     if checkpoint is None and config.init_from is not None:
