@@ -25,20 +25,18 @@ import logging
 import threading
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import torch
 
 from infill_engine.adapters.base import ContextArgs, Denoiser, EncodedContext, MergedRows
-
-if TYPE_CHECKING:
-    from infill_engine.engine import InfillEngine
+from infill_engine.engine import InfillEngine
+from infill_engine.interface import DEFAULT_MAX_BATCH_SIZE, Engine
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
-DEFAULT_MAX_BATCH_SIZE = 8  # fills sharing forward passes at once (`diffill http --max-batch-size`)
 
 
 @dataclass
@@ -212,16 +210,19 @@ class FillBatcher:
     """Runs the model work of many requests, up to `max_batch_size` at once in lockstep; the rest wait in order.
 
     `work(engine)` is called on a thread of its own with an engine whose forward passes are shared with the other
-    running works (the engine itself, one work at a time, for families that cannot batch contexts).
+    running works: a copy of the in-process engine on a lockstep member. For a family that cannot batch contexts,
+    and for engines in another process (shared, Ray), works run one at a time on the engine itself.
     """
 
-    def __init__(self, engine: "InfillEngine", max_batch_size: int = DEFAULT_MAX_BATCH_SIZE) -> None:
+    def __init__(self, engine: Engine, max_batch_size: int = DEFAULT_MAX_BATCH_SIZE) -> None:
         if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
             raise ValueError(f"max_batch_size must be an integer >= 1 (got {max_batch_size!r})")
         self.engine = engine
-        batches = engine.denoiser.batches_contexts and max_batch_size > 1
+        batches = isinstance(engine, InfillEngine) and engine.denoiser.batches_contexts and max_batch_size > 1
         self.capacity = max_batch_size if batches else 1
         self.lockstep = Lockstep(engine.denoiser) if batches else None
+        self._threads = ThreadPoolExecutor(self.capacity, thread_name_prefix="diffill-fill")  # reused: a new
+        # thread's first torch calls are slower
         self._cond = threading.Condition()
         self._pending: deque[tuple[Callable[[Any], Any], Future[Any]]] = deque()
         self._running = 0
@@ -241,6 +242,14 @@ class FillBatcher:
             outcomes.append(error if error is not None else future.result())
         return outcomes
 
+    def close(self) -> None:
+        """Start nothing more (works already running finish)."""
+        with self._cond:
+            for _, future in self._pending:
+                future.cancel()
+            self._pending.clear()
+        self._threads.shutdown(wait=False)
+
     def _submit_all(self, works: Sequence[Callable[[Any], T]]) -> list[Future[T]]:
         futures: list[Future[T]] = [Future() for _ in works]
         with self._cond:
@@ -259,11 +268,13 @@ class FillBatcher:
             member = self.lockstep.member() if self.lockstep is not None else None
             admitted.append((work, future, member))
         for args in admitted:
-            threading.Thread(target=self._run, args=args, name="diffill-fill", daemon=True).start()
+            self._threads.submit(self._run, *args)
 
     def _run(self, work: Callable[[Any], Any], future: Future[Any], member: LockstepMember | None) -> None:
         try:
-            engine = self.engine.with_denoiser(member) if member is not None else self.engine
+            engine = self.engine
+            if member is not None and isinstance(engine, InfillEngine):
+                engine = engine.with_denoiser(member)
             future.set_result(work(engine))
         except BaseException as error:  # noqa: BLE001 - handed to the caller through the future
             future.set_exception(error)

@@ -39,6 +39,9 @@ MAX_GROW = 64
 # its effect on a real checkpoint's pass@1 is unmeasured. Other families ignore it (diffill's context cache is
 # exact; DiffusionGemma caches its prefix).
 DEFAULT_DUAL_CACHE = 0
+# Servers: fills sharing forward passes at once (infill_engine.batched_fill; `diffill http --max-batch-size`), and on
+# Ray Serve the requests handed to a replica together.
+DEFAULT_MAX_BATCH_SIZE = 8
 
 StepCallback = Callable[[Any], Any]  # called once per denoising step; returning False stops the fill
 

@@ -71,3 +71,25 @@ def test_more_requests_than_the_batch_size_wait_their_turn_and_a_bad_one_fails_a
     assert max(batcher.lockstep.counts.sizes) <= 2
     with pytest.raises(ValueError, match="max_batch_size"):
         FillBatcher(engine, max_batch_size=0)
+
+
+def test_concurrent_clients_of_the_http_app_share_forward_passes_and_get_their_own_fills(engine, alone):
+    import asyncio
+
+    from infill_engine.http.app import InfillApp
+    from tests.test_http import call_app
+
+    batcher = FillBatcher(engine, max_batch_size=8)
+    app = InfillApp(engine, batcher=batcher)
+    bodies = [{"prefix": r.prefix, "suffix": r.suffix, "language": r.language, "max_tokens": r.max_tokens,
+               "candidates": r.candidates, "seed": r.seed, "single_line": r.single_line, "gate": r.gate}
+              for r in REQUESTS]
+
+    async def all_at_once():
+        return await asyncio.gather(*(call_app(app, "/v1/fill", body) for body in bodies))
+
+    answers = asyncio.run(all_at_once())
+    assert [status for status, _ in answers] == [200] * len(REQUESTS)
+    assert [([c["text"] for c in body["candidates"]], [c["text"] for c in body["rejected"]])
+            for _, body in answers] == [texts[:2] for texts in alone]
+    assert batcher.lockstep.counts.forwards < batcher.lockstep.counts.calls

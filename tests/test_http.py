@@ -236,6 +236,7 @@ async def call_app(app, path: str, body) -> tuple[int, dict]:
 
 
 def test_a_ray_replica_answers_each_call_of_a_batch_and_one_bad_call_fails_alone():
+    from infill_engine.batched_fill import FillBatcher
     from infill_engine.http.ray_serve import run_calls
     from tests.lsp.fake_engine import build_engine
 
@@ -243,7 +244,7 @@ def test_a_ray_replica_answers_each_call_of_a_batch_and_one_bad_call_fails_alone
     bad = {"method": "fill", "args": {"request": {"prefix": "x", "suffix": "", "max_tokens": 0}}, "options": {}}
     count = {"method": "count_tokens", "args": {"text": "return a + b"}, "options": {"steps": 4}}
     engine = build_engine(None)
-    answers = run_calls(engine, [fill, bad, count, fill])
+    answers = run_calls(FillBatcher(engine), [fill, bad, count, fill])
     assert answers[0]["result"]["candidates"][0]["text"] == "a + b" and answers[3] == answers[0]
     assert answers[1]["error"]["kind"] == "ValueError" and "max_tokens" in answers[1]["error"]["message"]
     assert answers[2]["result"] == engine.count_tokens("return a + b")

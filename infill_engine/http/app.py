@@ -16,7 +16,9 @@ sees progress and can stop a fill by closing the connection).
 Every other request needs `Authorization: Bearer KEY` when the server has a key. Bodies larger than the limit get
 413, malformed JSON 400 with the parser's message, a bad field 400 naming it; errors have llama.cpp's shape
 `{"error": {"code", "message", "type"}}`. Model work runs on worker threads (one by default, so fills run one at a
-time, as on the shared engine); when the client disconnects, its fill stops at the next denoising step.
+time, as on the shared engine), or through a `FillBatcher` (`infill_engine.batched_fill`), which runs the fills of
+concurrent clients together, one forward pass per denoising step for all of them; when a client disconnects, its
+fill stops at its next denoising step and the others go on.
 """
 
 from __future__ import annotations
@@ -30,19 +32,23 @@ import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from infill_engine.interface import DEFAULT_GROW, DEFAULT_KEEP_ABOVE, MAX_GROW, Engine, EngineOptions
 from infill_engine.request import FillCancelled, InfillRequest, InfillResult
 from infill_engine.service import wire
 from infill_engine.http.llama import infill_answer, parse_infill
 
+if TYPE_CHECKING:
+    from infill_engine.batched_fill import FillBatcher
+
 logger = logging.getLogger(__name__)
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
-Job = Callable[[Callable[[Any], bool]], Any]  # model work: called with the step callback, on a model thread
+Job = Callable[[Engine, Callable[[Any], bool]], Any]  # model work: called with the engine to use and the step
+#                                                       callback, on a model thread
 
 PUBLIC_PATHS = ("/health", "/v1/health")  # answered without a key, as llama.cpp does
 DEFAULT_REWRITE_TOKENS = 256  # span positions of a rewrite when the body does not say
@@ -80,11 +86,13 @@ class ClientGone(Exception):
 
 
 class InfillApp:
-    """The ASGI application; `workers` threads run model work (more than one only for thread-safe engines)."""
+    """The ASGI application; `workers` threads run model work (more than one only for thread-safe engines), or
+    `batcher` runs it, concurrent fills sharing forward passes."""
 
     def __init__(self, engine: Engine, limits: HttpLimits | None = None, api_key: str | None = None,
-                 workers: int = 1) -> None:
+                 workers: int = 1, batcher: FillBatcher | None = None) -> None:
         self.engine = engine
+        self._batcher = batcher
         self.limits = limits or HttpLimits()
         self.api_key = api_key or None
         self.model = engine.describe()
@@ -124,6 +132,8 @@ class InfillApp:
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 self._pool.shutdown(wait=False, cancel_futures=True)
+                if self._batcher is not None:
+                    self._batcher.close()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
@@ -212,7 +222,7 @@ class InfillApp:
 
     # ---------------------------------------------------------------------------------------------- the model
     async def _on_model(self, job: Job, receive: Receive, progress: Callable[[Any], None] | None = None) -> Any:
-        """Run `job(on_step)` on a model thread; a disconnect of the client stops it at its next step.
+        """Run `job(engine, on_step)` on a model thread; a disconnect of the client stops it at its next step.
 
         `progress` is called with each step's view (on the model thread)."""
         with self._lock:
@@ -228,12 +238,13 @@ class InfillApp:
                 progress(view)
             return not gone.is_set()
 
-        def call() -> Any:
+        def call(engine: Engine) -> Any:
             if gone.is_set():
                 raise FillCancelled()
-            return job(on_step)
+            return job(engine, on_step)
 
-        work = asyncio.wrap_future(self._pool.submit(call))
+        future = self._batcher.submit(call) if self._batcher is not None else self._pool.submit(call, self.engine)
+        work = asyncio.wrap_future(future)
         watch = asyncio.ensure_future(_disconnected(receive))
         try:
             await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
@@ -268,9 +279,9 @@ class InfillApp:
 
     def _run(self, options: EngineOptions, work: Callable[[_Stepped], Any]) -> Job:
         """A model job: this request's sampling options, then the work."""
-        def job(on_step: Callable[[Any], bool]) -> Any:
-            self.engine.configure(options)
-            return work(_Stepped(self.engine, on_step))
+        def job(engine: Engine, on_step: Callable[[Any], bool]) -> Any:
+            engine.configure(options)
+            return work(_Stepped(engine, on_step))
         return job
 
     # -------------------------------------------------------------------------------------------- endpoints
@@ -348,7 +359,7 @@ class InfillApp:
         text = _object(body).get("text")
         if not isinstance(text, str):
             raise HttpError(400, "count_tokens needs text (a string)")
-        return (lambda _on_step: self.engine.count_tokens(text)), lambda count: {"tokens": count}
+        return (lambda engine, _on_step: engine.count_tokens(text)), lambda count: {"tokens": count}
 
     def _model_info(self) -> dict[str, Any]:
         info = self.model

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from infill_engine.commands import UsageError
-from infill_engine.interface import add_model_options, half_the_cores, model_spec_from_args
+from infill_engine.interface import DEFAULT_MAX_BATCH_SIZE, add_model_options, half_the_cores, model_spec_from_args
 from infill_engine.service.address import is_loopback
 
 if TYPE_CHECKING:
@@ -49,6 +49,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-queued", type=int, default=64,
                         help="requests waiting for the model at most, all clients together (default: 64); "
                              "more get 503")
+    parser.add_argument("--max-batch-size", type=int, default=DEFAULT_MAX_BATCH_SIZE,
+                        help="fills that share forward passes at once (default: 8): here, concurrent fills denoised "
+                             "together (the diffill family; others one at a time); with --ray, the requests Ray "
+                             "Serve hands a replica together")
     ray = parser.add_argument_group("Ray Serve (pip install 'diffill[cluster]')")
     ray.add_argument("--ray", action="store_true", help="deploy on Ray Serve instead of serving with uvicorn here")
     ray.add_argument("--address", metavar="ADDR",
@@ -56,8 +60,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ray.add_argument("--replicas", type=int, default=1, help="model replicas (default: 1)")
     ray.add_argument("--max-replicas", type=int, default=0,
                      help="autoscale between --replicas and this many replicas (default 0: no autoscaling)")
-    ray.add_argument("--max-batch-size", type=int, default=8,
-                     help="requests Ray Serve hands a replica together (default: 8)")
     ray.add_argument("--batch-wait-ms", type=float, default=10.0,
                      help="how long a replica waits to fill a batch (default: 10)")
     ray.add_argument("--num-gpus", type=float, default=0.0, help="GPUs per replica (default: 0)")
@@ -100,6 +102,8 @@ def run(args: argparse.Namespace) -> int:
         spec = model_spec_from_args(args, threads=args.threads or half_the_cores())
         limits = HttpLimits(max_body_bytes=args.max_body_bytes, max_tokens=args.max_tokens,
                             max_queued=args.max_queued)
+        if isinstance(args.max_batch_size, bool) or args.max_batch_size < 1:
+            raise ValueError(f"--max-batch-size must be an integer >= 1 (got {args.max_batch_size})")
     except ValueError as error:
         raise UsageError(str(error)) from None
     if args.ray:
@@ -122,6 +126,7 @@ def _serve_here(args: argparse.Namespace, spec: ModelSpec, limits: HttpLimits, k
         import uvicorn
     except ImportError:
         raise UsageError("diffill http needs uvicorn: pip install 'diffill[http]'") from None
+    from infill_engine.batched_fill import FillBatcher
     from infill_engine.http.app import InfillApp
     from infill_engine.interface import OpenError, open_engine
 
@@ -130,7 +135,7 @@ def _serve_here(args: argparse.Namespace, spec: ModelSpec, limits: HttpLimits, k
     except OpenError as error:
         print(f"diffill http: {error}", file=sys.stderr)
         return 1
-    app = InfillApp(engine, limits, key)
+    app = InfillApp(engine, limits, key, batcher=FillBatcher(engine, args.max_batch_size))
     print(f"diffill http: serving {app.model.description} on http://{host}:{port} "
           f"({'a key is required' if key else 'no key'})", file=sys.stderr, flush=True)
     try:

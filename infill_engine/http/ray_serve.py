@@ -6,13 +6,11 @@
                                  that arrived within `batch_wait_ms`, up to `max_batch_size`, as one batch)
 
 What a batch buys: Ray Serve gathers the requests of different users that arrive together and gives them to one
-replica call, so a replica never idles between requests and the batch's canvases are denoised back to back on the
-same model without a round trip each. What it does not buy yet: one forward pass for canvases of *different*
-contexts. The engine batches the candidates of one request (one context, several canvases); different requests
-have different prefixes and suffixes, which the adapters cannot yet encode into one padded batch. A batch is
-therefore run request by request inside the replica (docs/TEAM.md says what a padded multi-context encode would
-take). Requests of one batch that share their whole request and options are denoised once and answered alike.
-Ray is the `cluster` extra and is imported only here.
+replica call, and the replica fills them together (`infill_engine.batched_fill`): their contexts encoded in one
+padded pass, then one forward pass per denoising step over every request's canvases, each request keeping its own
+options, stopping, syntax gate and repairs, and getting the fill it gets alone. Families whose adapters cannot merge
+contexts run the batch's requests one after another. Requests of one batch that share their whole request and
+options are denoised once and answered alike. Ray is the `cluster` extra and is imported only here.
 """
 
 from __future__ import annotations
@@ -24,11 +22,22 @@ import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from infill_engine.interface import DEFAULT_GROW, DEFAULT_KEEP_ABOVE, EngineOptions, ModelInfo, ModelSpec, StepCallback
+from infill_engine.interface import (
+    DEFAULT_GROW,
+    DEFAULT_KEEP_ABOVE,
+    DEFAULT_MAX_BATCH_SIZE,
+    EngineOptions,
+    ModelInfo,
+    ModelSpec,
+    StepCallback,
+)
 from infill_engine.request import FillCancelled, InfillRequest, InfillResult
 from infill_engine.service import wire
+
+if TYPE_CHECKING:
+    from infill_engine.batched_fill import FillBatcher
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +53,7 @@ class RayOptions:
     address: str | None = None  # cluster to join (ray://host:10001, auto); None: start a local Ray
     replicas: int = 1  # model replicas (the least, when autoscaling)
     max_replicas: int = 0  # autoscale up to this many replicas; 0: a fixed number
-    max_batch_size: int = 8  # requests handed to a replica together
+    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE  # requests handed to a replica together, filled in lockstep
     batch_wait_ms: float = 10.0  # how long a replica waits for a batch to fill
     num_gpus: float = 0.0  # GPUs per model replica
 
@@ -60,20 +69,18 @@ class RayOptions:
             raise ValueError("--batch-wait-ms and --num-gpus must be >= 0")
 
 
-def run_calls(engine: Any, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Answer a batch of calls on one engine, in order: {"result": ...} or {"error": {"kind", "message"}} each.
+def run_calls(batcher: FillBatcher, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Answer a batch of calls together on the batcher's engine, in order: {"result": ...} or {"error": {"kind",
+    "message"}} each.
 
     A call is {"method": "fill"|"refine"|"count_tokens", "args": {...}, "options": {...}}; calls that are equal
     are run once.
     """
-    answers: dict[str, dict[str, Any]] = {}
-    out = []
-    for call in calls:
-        key = repr(sorted(call.items()))
-        if key not in answers:
-            answers[key] = _run_call(engine, call)
-        out.append(answers[key])
-    return out
+    keys = [repr(sorted(call.items())) for call in calls]
+    unique = {key: call for key, call in zip(keys, calls)}
+    outcomes = batcher.run_together([lambda engine, call=call: _run_call(engine, call) for call in unique.values()])
+    answers = dict(zip(unique, outcomes))
+    return [answers[key] for key in keys]
 
 
 def _run_call(engine: Any, call: dict[str, Any]) -> dict[str, Any]:
@@ -172,16 +179,18 @@ def build_application(spec: ModelSpec, limits: Any, key: str | None, options: Ra
         """One model replica."""
 
         def __init__(self) -> None:
+            from infill_engine.batched_fill import FillBatcher
             from infill_engine.interface import load_engine
 
             self.engine = load_engine(spec)
+            self.batcher = FillBatcher(self.engine, options.max_batch_size)
             self.batch_sizes: Counter[int] = Counter()
             self.started = time.monotonic()
 
         @serve.batch(max_batch_size=options.max_batch_size, batch_wait_timeout_s=options.batch_wait_ms / 1000.0)
         async def run(self, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
             self.batch_sizes[len(calls)] += 1
-            return await asyncio.to_thread(run_calls, self.engine, calls)
+            return await asyncio.to_thread(run_calls, self.batcher, calls)
 
         def describe(self) -> dict[str, str]:
             info = self.engine.describe()
