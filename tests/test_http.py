@@ -131,6 +131,30 @@ def test_a_streamed_fill_reports_each_step_then_the_result(server):
     assert lines[-1]["result"]["text"] == "a + b"
 
 
+def test_a_streamed_infill_sends_llama_cpp_chunks_the_last_with_timings(server):
+    import http.client
+
+    def events(body) -> tuple[int, str, list]:
+        connection = http.client.HTTPConnection("127.0.0.1", server, timeout=WAIT)
+        connection.request("POST", "/infill", json.dumps(body), {"Authorization": f"Bearer {KEY}"})
+        response = connection.getresponse()
+        text = response.read().decode()
+        connection.close()
+        assert text.endswith("\n\n") and all(e.startswith("data: ") for e in text[:-2].split("\n\n")), text
+        return (response.status, response.getheader("content-type"),
+                [json.loads(e[len("data: "):]) for e in text[:-2].split("\n\n")])
+
+    status, kind, chunks = events({**LLAMA_VSCODE, "stream": True})
+    assert status == 200 and kind == "text/event-stream"
+    assert "".join(c["content"] for c in chunks) == "a + b"  # what a client that appends the chunks shows
+    assert [c["stop"] for c in chunks] == [False, True]
+    assert chunks[-1]["content"] == "" and chunks[-1]["timings"]["predicted_n"] > 0
+    status, _, chunks = events({**LLAMA_VIM, "stream": True})  # the final chunk alone is reduced to the fields
+    assert status == 200 and chunks[0]["content"] == "a + b" and list(chunks[-1]) == LLAMA_VIM_FIELDS
+    status, body = post(server, "/infill", {**LLAMA_VIM, "stream": "yes"})
+    assert status == 400 and "stream" in body["error"]["message"]
+
+
 # ------------------------------------------------------------------------------------------ limits and errors
 def test_bad_requests_get_a_clear_answer_and_the_server_keeps_serving(server):
     big = json.dumps({"prefix": "x" * MAX_BODY, "suffix": ""}).encode()

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 from infill_engine.interface import DEFAULT_GROW, DEFAULT_KEEP_ABOVE, MAX_GROW, Engine, EngineOptions
 from infill_engine.request import FillCancelled, InfillRequest, InfillResult
 from infill_engine.service import wire
-from infill_engine.http.llama import infill_answer, parse_infill
+from infill_engine.http.llama import infill_answer, infill_chunks, parse_infill
 
 if TYPE_CHECKING:
     from infill_engine.batched_fill import FillBatcher
@@ -83,6 +83,22 @@ class HttpError(Exception):
 
 class ClientGone(Exception):
     """The client disconnected; nothing is sent."""
+
+
+@dataclass(frozen=True)
+class EventStream:
+    """An answer sent as server-sent events, one `data: {json}` event per chunk (llama.cpp's streamed answers)."""
+
+    chunks: list[Any]
+
+    async def send(self, send: Send) -> None:
+        """Send the events, then end the response."""
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]})
+        for chunk in self.chunks:
+            data = b"data: " + json.dumps(chunk, ensure_ascii=False).encode() + b"\n\n"
+            await send({"type": "http.response.body", "body": data, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 class InfillApp:
@@ -159,7 +175,11 @@ class InfillApp:
         except (ValueError, TypeError) as error:
             raise HttpError(400, str(error)) from None
         if not stream:
-            return 200, finish(await self._on_model(job, receive))
+            answer = finish(await self._on_model(job, receive))
+            if isinstance(answer, EventStream):  # /infill with "stream": true
+                await answer.send(send)
+                return None
+            return 200, answer
         await self._stream(job, finish, receive, send)
         return None
 
@@ -295,8 +315,10 @@ class InfillApp:
             tokens = engine.count_tokens(request.prefix + request.suffix)  # one call: a Ray engine asks a replica
             return (None if call.warm_up else engine.fill(request)), tokens
 
-        def finish(done: tuple[InfillResult | None, int]) -> dict[str, Any]:
+        def finish(done: tuple[InfillResult | None, int]) -> dict[str, Any] | EventStream:
             elapsed = (time.perf_counter() - started) * 1000.0
+            if call.stream:
+                return EventStream(infill_chunks(call, done[0], done[1], self.model.description, elapsed))
             return infill_answer(call, done[0], done[1], self.model.description, elapsed)
 
         return self._run(EngineOptions(), work), finish

@@ -9,6 +9,12 @@ autoregressive sampler (`top_k`, `top_p`, `samplers`, `temperature`, `cache_prom
 accepted and not used. `t_max_predict_ms` (llama.cpp: 0 off) becomes the fill's time budget: past it the canvas takes
 its current best guess and repairs are skipped, as `completion.budgetMs` does in the editor (docs/TEAM.md). The answer has llama.cpp's fields (`content`, `stop`, `stop_type`, `tokens_predicted`,
 `timings`, ...), reduced to `response_fields` (flat `a/b` keys) when those are given.
+
+With `stream: true` the answer is llama.cpp's stream of chunks (`infill_chunks`, sent as server-sent events): a
+chunk `{"content", "stop": false, ...}`, then the final one with `"stop": true`, empty `content` (it was in the
+chunks before) and `timings`, reduced to `response_fields`. A diffusion model decides the whole span together and
+the syntax gate and repairs may still change it, so the content comes in one chunk once the fill is done, not token
+by token.
 """
 
 from __future__ import annotations
@@ -21,14 +27,14 @@ from infill_engine.request import InfillRequest, InfillResult
 
 DEFAULT_N_PREDICT = 64  # canvas positions when the body does not say (llama.cpp's -1, "until done", included)
 IGNORED_FIELDS = (  # accepted so that existing clients work unchanged; an autoregressive sampler's knobs
-    "top_k", "top_p", "min_p", "typical_p", "temperature", "samplers", "cache_prompt", "stream", "t_max_prompt_ms",
+    "top_k", "top_p", "min_p", "typical_p", "temperature", "samplers", "cache_prompt", "t_max_prompt_ms",
     "n_probs", "id_slot", "lora", "repeat_penalty", "repeat_last_n", "presence_penalty",
     "frequency_penalty", "dynatemp_range", "dynatemp_exponent", "xtc_probability", "xtc_threshold", "dry_multiplier",
     "dry_base", "dry_allowed_length", "dry_penalty_last_n", "mirostat", "mirostat_tau", "mirostat_eta", "ignore_eos",
     "n_keep", "model", "return_tokens", "timings_per_token", "post_sampling_probs", "n_cmpl", "max_tokens",
 )
 FIELDS = ("input_prefix", "input_suffix", "input_extra", "prompt", "n_predict", "n_indent", "stop", "seed",
-          "response_fields", "t_max_predict_ms", *IGNORED_FIELDS)
+          "response_fields", "t_max_predict_ms", "stream", *IGNORED_FIELDS)
 
 
 @dataclass(frozen=True)
@@ -40,6 +46,7 @@ class InfillCall:
     stop: tuple[str, ...] = ()  # stop strings: the content is cut before the first one
     response_fields: tuple[str, ...] | None = None  # only these fields (flat "a/b" paths) in the answer
     warm_up: bool = False  # n_predict 0: nothing to predict
+    stream: bool = False  # answer with llama.cpp's stream of chunks (`infill_chunks`)
 
 
 def parse_infill(body: Any, max_tokens: int) -> InfillCall:
@@ -73,11 +80,14 @@ def parse_infill(body: Any, max_tokens: int) -> InfillCall:
     budget = body.get("t_max_predict_ms", 0)
     if isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget < 0:
         raise ValueError(f"t_max_predict_ms must be a number of milliseconds >= 0, 0 for no limit (got {budget!r})")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise ValueError(f"stream must be true or false (got {stream!r})")
     span = DEFAULT_N_PREDICT if n_predict == -1 else min(n_predict, max_tokens)
     request = InfillRequest(prefix=extra + prefix + prompt, suffix=suffix, max_tokens=max(span, 1), seed=seed,
                             budget_ms=int(budget) if budget > 0 else None)
     return InfillCall(request, n_indent, tuple(s for s in stop if s), None if fields is None else tuple(fields),
-                      warm_up=n_predict == 0)
+                      warm_up=n_predict == 0, stream=stream)
 
 
 def _text(body: dict[str, Any], name: str) -> str:
@@ -126,6 +136,26 @@ def shape_content(text: str, call: InfillCall) -> tuple[str, str, str]:
 def infill_answer(call: InfillCall, result: InfillResult | None, prompt_tokens: int, model: str,
                   elapsed_ms: float) -> dict[str, Any]:
     """llama.cpp's `/infill` answer for a fill (None: the warm-up, nothing predicted)."""
+    answer = _full_answer(call, result, prompt_tokens, model, elapsed_ms)
+    return answer if call.response_fields is None else select_fields(answer, call.response_fields)
+
+
+def infill_chunks(call: InfillCall, result: InfillResult | None, prompt_tokens: int, model: str,
+                  elapsed_ms: float) -> list[dict[str, Any]]:
+    """llama.cpp's streamed `/infill` answer: a chunk with the content (none when it is empty), then the final
+    chunk (`stop` true, empty content, `timings`; reduced to `response_fields`, as llama.cpp reduces only it)."""
+    answer = _full_answer(call, result, prompt_tokens, model, elapsed_ms)
+    chunks = []
+    if answer["content"]:
+        chunks.append({key: answer[key] for key in ("index", "content", "tokens", "id_slot", "tokens_predicted",
+                                                    "tokens_evaluated")} | {"stop": False})
+    final = {**answer, "content": ""}
+    chunks.append(final if call.response_fields is None else select_fields(final, call.response_fields))
+    return chunks
+
+
+def _full_answer(call: InfillCall, result: InfillResult | None, prompt_tokens: int, model: str,
+                 elapsed_ms: float) -> dict[str, Any]:
     text = result.text if result is not None and result.text is not None else ""
     content, stop_type, word = shape_content(text, call)
     stats = result.stats if result is not None else None
@@ -161,7 +191,7 @@ def infill_answer(call: InfillCall, result: InfillResult | None, prompt_tokens: 
             "predicted_per_second": round(predicted / predicted_ms * 1000.0, 3) if predicted_ms else 0.0,
         },
     }
-    return answer if call.response_fields is None else select_fields(answer, call.response_fields)
+    return answer
 
 
 def select_fields(answer: dict[str, Any], paths: tuple[str, ...]) -> dict[str, Any]:
