@@ -273,3 +273,20 @@ def test_a_ray_replica_answers_each_call_of_a_batch_and_one_bad_call_fails_alone
     assert answers[1]["error"]["kind"] == "ValueError" and "max_tokens" in answers[1]["error"]["message"]
     assert answers[2]["result"] == engine.count_tokens("return a + b")
     assert engine.denoiser.encodes == 1  # the two equal fills were denoised once
+
+
+def test_a_ray_replica_stops_the_canvas_of_a_caller_that_went_away_and_answers_the_others():
+    import threading
+
+    from infill_engine.batched_fill import FillBatcher
+    from infill_engine.http.ray_serve import run_calls
+    from tests.lsp.fake_engine import build_engine
+
+    slow = {"method": "fill", "args": {"request": {"prefix": "slow = ", "suffix": "\n", "max_tokens": 24}},
+            "options": {}}
+    fill = {"method": "fill", "args": {"request": {"prefix": ADD_PREFIX + ADD_LINE, "suffix": "\n"}}, "options": {}}
+    gone = [threading.Event(), threading.Event()]
+    gone[0].set()  # the slow fill's client hung up while its batch waited (24 steps of 0.15 s otherwise)
+    answers = run_calls(FillBatcher(build_engine(None)), [slow, fill], gone)
+    assert answers[0] == {"error": {"kind": "FillCancelled", "message": "the caller went away"}}
+    assert answers[1]["result"]["candidates"][0]["text"] == "a + b"

@@ -20,6 +20,7 @@ import logging
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -69,21 +70,33 @@ class RayOptions:
             raise ValueError("--batch-wait-ms and --num-gpus must be >= 0")
 
 
-def run_calls(batcher: FillBatcher, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def run_calls(batcher: FillBatcher, calls: list[dict[str, Any]],
+              gone: list[threading.Event] | None = None) -> list[dict[str, Any]]:
     """Answer a batch of calls together on the batcher's engine, in order: {"result": ...} or {"error": {"kind",
     "message"}} each.
 
     A call is {"method": "fill"|"refine"|"count_tokens", "args": {...}, "options": {...}}; calls that are equal
-    are run once.
+    are run once. `gone[i]` is set when the caller of call i went away: once every caller of a run has gone, its
+    canvas stops at the next denoising step (answered with the kind "FillCancelled") and the others go on.
     """
+    gone = gone if gone is not None else [threading.Event() for _ in calls]
     keys = [repr(sorted(call.items())) for call in calls]
     unique = {key: call for key, call in zip(keys, calls)}
-    outcomes = batcher.run_together([lambda engine, call=call: _run_call(engine, call) for call in unique.values()])
+    callers: dict[str, list[threading.Event]] = {}
+    for key, event in zip(keys, gone):
+        callers.setdefault(key, []).append(event)
+
+    def work(key: str) -> Callable[[Any], dict[str, Any]]:
+        def still_wanted(_view: Any) -> bool:
+            return not all(event.is_set() for event in callers[key])
+        return lambda engine: _run_call(engine, unique[key], still_wanted)
+
+    outcomes = batcher.run_together([work(key) for key in unique])
     answers = dict(zip(unique, outcomes))
     return [answers[key] for key in keys]
 
 
-def _run_call(engine: Any, call: dict[str, Any]) -> dict[str, Any]:
+def _run_call(engine: Any, call: dict[str, Any], on_step: StepCallback | None = None) -> dict[str, Any]:
     try:
         engine.configure(EngineOptions.from_dict(call.get("options")))
         args = call["args"]
@@ -91,11 +104,13 @@ def _run_call(engine: Any, call: dict[str, Any]) -> dict[str, Any]:
             return {"result": engine.count_tokens(args["text"])}
         request = wire.request_from_wire(args["request"])
         if call["method"] == "fill":
-            result = engine.fill(request)
+            result = engine.fill(request, on_step)
         else:
             result = engine.refine(request, args["original"], [tuple(r) for r in args["renoise"]],
-                                   args["keep_above"], args["grow"])
+                                   args["keep_above"], args["grow"], on_step)
         return {"result": wire.result_to_wire(result)}
+    except FillCancelled:
+        return {"error": {"kind": "FillCancelled", "message": "the caller went away"}}
     except (ValueError, TypeError) as error:
         return {"error": {"kind": "ValueError", "message": str(error)}}
     except Exception as error:  # noqa: BLE001 - one bad request must not fail the others of its batch
@@ -160,6 +175,8 @@ class RayEngine:
             error = answer["error"]
             if error["kind"] == "ValueError":
                 raise ValueError(error["message"])
+            if error["kind"] == "FillCancelled":
+                raise FillCancelled()
             raise RuntimeError(f"{error['kind']}: {error['message']}")
         return answer["result"]
 
@@ -187,10 +204,19 @@ def build_application(spec: ModelSpec, limits: Any, key: str | None, options: Ra
             self.batch_sizes: Counter[int] = Counter()
             self.started = time.monotonic()
 
+        async def run(self, call: dict[str, Any]) -> dict[str, Any]:
+            gone = threading.Event()
+            try:
+                return await self.run_batch((call, gone))
+            except asyncio.CancelledError:  # the caller cancelled (its client went away): stop its canvas
+                gone.set()
+                raise
+
         @serve.batch(max_batch_size=options.max_batch_size, batch_wait_timeout_s=options.batch_wait_ms / 1000.0)
-        async def run(self, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
-            self.batch_sizes[len(calls)] += 1
-            return await asyncio.to_thread(run_calls, self.batcher, calls)
+        async def run_batch(self, items: list[tuple[dict[str, Any], threading.Event]]) -> list[dict[str, Any]]:
+            self.batch_sizes[len(items)] += 1
+            calls, gone = [call for call, _ in items], [event for _, event in items]
+            return await asyncio.to_thread(run_calls, self.batcher, calls, gone)
 
         def describe(self) -> dict[str, str]:
             info = self.engine.describe()
