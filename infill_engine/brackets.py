@@ -122,6 +122,15 @@ class _Resync:
             rest.append(SyntaxProblem(at, at + 1, problem.kind, problem.message))
         return rest
 
+    def later_checkpoints(self, offset: int, reported: int) -> tuple[_Checkpoint, ...]:
+        """The original's checkpoints after the one at offset (filled text), moved into the filled text."""
+        at = self.checkpoints[offset]
+        return tuple(
+            _Checkpoint(cp.offset + self.edit.shift, tuple((opener, self.edit.moved(o)) for opener, o in cp.stack),
+                        cp.reported - at.reported + reported)
+            for cp in self.original.checkpoints if cp.offset > at.offset
+        )
+
 
 def scan_brackets(
     text: str,
@@ -129,11 +138,13 @@ def scan_brackets(
     resume: _Checkpoint = _START,
     reported: tuple[SyntaxProblem, ...] = (),
     resync: _Resync | None = None,
+    keep_checkpoints: bool = False,
 ) -> BracketScan:
     """Unexpected, mismatched and unclosed brackets outside strings and comments.
 
     The scan can resume from a checkpoint, given the problems reported before it, and stop early where `resync`
-    says that the rest is known.
+    says that the rest is known; with `keep_checkpoints` it then still returns checkpoints (its own and the
+    original's after that point), so that the result can serve as an original itself.
     """
     problems = list(reported)
     stack = list(resume.stack)
@@ -163,18 +174,23 @@ def scan_brackets(
         if resync is not None:
             rest = resync.rest(match.end(), stack) if match.end() in resync.checkpoints else None
             if rest is not None:
-                return BracketScan((*problems, *rest), ())
-        elif brackets % CHECKPOINT_EVERY == 0 and len(stack) <= _CHECKPOINT_MAX_DEPTH:
+                later = resync.later_checkpoints(match.end(), len(problems)) if keep_checkpoints else ()
+                return BracketScan((*problems, *rest), (*checkpoints, *later) if keep_checkpoints else ())
+        if (resync is None or keep_checkpoints) and brackets % CHECKPOINT_EVERY == 0 \
+                and len(stack) <= _CHECKPOINT_MAX_DEPTH:
             checkpoints.append(_Checkpoint(match.end(), tuple(stack), len(problems)))
     problems.extend(SyntaxProblem(offset, offset + 1, "bracket", f"unclosed '{opener}'") for opener, offset in stack)
     return BracketScan(tuple(problems), tuple(checkpoints))
 
 
-def filled_bracket_scan(original: BracketScan, filled: str, edit: Edit, language: str | None) -> BracketScan:
+def filled_bracket_scan(
+    original: BracketScan, filled: str, edit: Edit, language: str | None, keep_checkpoints: bool = False
+) -> BracketScan:
     """Bracket problems of the filled document, rescanning only from the last safe checkpoint before the edit.
 
     A checkpoint is safe when a newline lies between it and the edit: tokens before it ended there, and the
-    patterns that failed before it looked no further than the end of their line.
+    patterns that failed before it looked no further than the end of their line. With `keep_checkpoints` the scan
+    has checkpoints all through, as a full scan of the filled document has (for a new version of a document).
     """
     last_newline = filled.rfind("\n", 0, edit.start)
     resume = _START
@@ -184,4 +200,8 @@ def filled_bracket_scan(original: BracketScan, filled: str, edit: Edit, language
         resume = checkpoint
     after_edit = {cp.offset + edit.shift: cp for cp in original.checkpoints if cp.offset > edit.end}
     resync = _Resync(original, edit, after_edit)
-    return scan_brackets(filled, language, resume, original.problems[: resume.reported], resync)
+    scan = scan_brackets(filled, language, resume, original.problems[: resume.reported], resync, keep_checkpoints)
+    if not keep_checkpoints:
+        return scan
+    before = tuple(cp for cp in original.checkpoints if cp.offset <= resume.offset)
+    return BracketScan(scan.problems, (*before, *scan.checkpoints))

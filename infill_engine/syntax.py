@@ -202,6 +202,7 @@ class _Analysis:
     data: bytes | None  # UTF-8 bytes, when parsed by tree-sitter
     tree: tree_sitter.Tree | None
     problems: tuple[SyntaxProblem, ...]  # bracket and tree-sitter problems, in document order
+    node_problems: tuple[SyntaxProblem, ...]  # the tree-sitter problems alone, in document order
 
 
 _ORIGINALS: OrderedDict[tuple[int, str | None], _Analysis] = OrderedDict()
@@ -215,28 +216,100 @@ def _sorted_problems(problems: Iterable[SyntaxProblem]) -> tuple[SyntaxProblem, 
 
 
 def _analyse(document: str, language: str | None) -> _Analysis:
-    """Parse and check a document, or take the result from the cache of recent originals."""
+    """Parse and check a document, or take the result from the cache of recent originals.
+
+    A document not in the cache is usually the next version of one that is (the user typed a character): it is
+    then rescanned and reparsed incrementally from that version, as a filled document is from its original.
+    """
     key = (hash(document), language)
     with _ORIGINALS_LOCK:
         cached = _ORIGINALS.get(key)
         if cached is not None and cached.document == document:
             _ORIGINALS.move_to_end(key)
             return cached
-    brackets = scan_brackets(document, language)
-    parser = _parser(language)
-    data = tree = None
-    node_problems: list[SyntaxProblem] = []
-    if parser is not None:
-        data = _encode(document)
-        tree = _parse(parser, data)
-        node_problems = _node_problems(tree, data, document)
-    analysis = _Analysis(document, brackets, data, tree, _sorted_problems((*brackets.problems, *node_problems)))
+        previous = [a for (_, lang), a in reversed(_ORIGINALS.items()) if lang == language]
+    analysis = next(filter(None, (_next_version(p, document, language) for p in previous)), None)
+    if analysis is None:
+        brackets = scan_brackets(document, language)
+        parser = _parser(language)
+        data = tree = None
+        node_problems: tuple[SyntaxProblem, ...] = ()
+        if parser is not None:
+            data = _encode(document)
+            tree = _parse(parser, data)
+            node_problems = _sorted_problems(_node_problems(tree, data, document))
+        problems = _sorted_problems((*brackets.problems, *node_problems))
+        analysis = _Analysis(document, brackets, data, tree, problems, node_problems)
     with _ORIGINALS_LOCK:
         _ORIGINALS[key] = analysis
         _ORIGINALS.move_to_end(key)
         while len(_ORIGINALS) > _ORIGINALS_SIZE:
             _ORIGINALS.popitem(last=False)
     return analysis
+
+
+def _next_version(previous: _Analysis, document: str, language: str | None) -> _Analysis | None:
+    """The analysis of document derived incrementally from a previous version's, or None when they differ much."""
+    edit = _difference(previous.document, document)
+    if max(edit.end - edit.start, edit.fill_length) > len(document) // 4:
+        return None
+    brackets = filled_bracket_scan(previous.brackets, document, edit, language, keep_checkpoints=True)
+    parser = _parser(language)
+    data = tree = None
+    node_problems: tuple[SyntaxProblem, ...] = ()
+    if parser is not None:
+        if previous.tree is None or previous.data is None:
+            return None
+        data, tree = _reparse(parser, previous, edit, document[edit.start : edit.start + edit.fill_length])
+        node_problems = _sorted_problems(_node_problems(tree, data, document))
+    problems = _sorted_problems((*brackets.problems, *node_problems))
+    return _Analysis(document, brackets, data, tree, problems, node_problems)
+
+
+_COMPARED = 1 << 14  # characters compared at once when looking for the first difference of two versions
+
+
+def _common_length(a: str, b: str, from_end: bool) -> int:
+    """How many characters a and b share at their start (or end), comparing slices rather than characters."""
+    n = min(len(a), len(b))
+
+    def same(lo: int, hi: int) -> bool:
+        if from_end:
+            return a[len(a) - hi : len(a) - lo] == b[len(b) - hi : len(b) - lo]
+        return a[lo:hi] == b[lo:hi]
+
+    lo = 0
+    while lo < n:
+        hi = min(lo + _COMPARED, n)
+        if not same(lo, hi):
+            break
+        lo = hi
+    else:
+        return n
+    while hi - lo > 1:  # a and b agree on [0, lo) and differ within [lo, hi)
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if same(lo, mid) else (lo, mid)
+    return lo
+
+
+def _difference(old: str, new: str) -> Edit:
+    """One edit that turns old into new: what lies between their common start and their common end."""
+    start = _common_length(old, new, from_end=False)
+    same_end = _common_length(old[start:], new[start:], from_end=True) if start < min(len(old), len(new)) else 0
+    return Edit(start, len(old) - same_end, len(new) - same_end - start)
+
+
+def swap_cache(
+    originals: OrderedDict[tuple[int, str | None], _Analysis] | None = None,
+) -> OrderedDict[tuple[int, str | None], _Analysis]:
+    """Put originals (an empty cache when None) in place of the cache of parsed originals; return the one replaced.
+
+    For benchmarks that compare ways of gating in one run, each with its own cache.
+    """
+    global _ORIGINALS
+    with _ORIGINALS_LOCK:
+        replaced, _ORIGINALS = _ORIGINALS, originals if originals is not None else OrderedDict()
+    return replaced
 
 
 def find_problems(document: str, language: str | None) -> list[SyntaxProblem]:
@@ -248,30 +321,217 @@ def find_problems(document: str, language: str | None) -> list[SyntaxProblem]:
     return list(_analyse(document, language_for(language)).problems)
 
 
-def _filled_problems(original: _Analysis, edit: Edit, fill: str, language: str | None) -> tuple[SyntaxProblem, ...]:
-    """Problems of the original document with the edit applied, rescanned and reparsed incrementally."""
+def _filled_problems(
+    original: _Analysis, edit: Edit, fill: str, language: str | None, window: bool = True
+) -> tuple[SyntaxProblem, ...]:
+    """Problems of the original document with the edit applied, rescanned and reparsed incrementally.
+
+    The bracket scan always covers the whole document (it resumes before the edit and stops where it meets the
+    original scan again). The parse covers a window around the edit in a large document (`_window_problems`),
+    and the whole document, incrementally, when the window cannot stand for it.
+    """
     document = original.document
     filled = document[: edit.start] + fill + document[edit.end :]
     problems = list(filled_bracket_scan(original.brackets, filled, edit, language).problems)
     parser = _parser(language)
     if parser is not None and original.tree is not None and original.data is not None:
-        data = original.data
-        ascii_document = len(data) == len(document)
-        start_byte = edit.start if ascii_document else len(_encode(document[: edit.start]))
-        end_byte = start_byte + len(_encode(document[edit.start : edit.end]))
-        filled_data = data[:start_byte] + _encode(fill) + data[end_byte:]
-        new_end_byte = len(filled_data) - (len(data) - end_byte)
-        old_tree = original.tree.copy()  # the cached tree stays as it is for the next candidate
-        old_tree.edit(
-            start_byte=start_byte,
-            old_end_byte=end_byte,
-            new_end_byte=new_end_byte,
-            start_point=_point(data, start_byte),
-            old_end_point=_point(data, end_byte),
-            new_end_point=_point(filled_data, new_end_byte),
-        )
-        problems += _node_problems(_parse(parser, filled_data, old_tree), filled_data, filled)
+        node_problems = None
+        if window and len(original.data) >= WINDOW_FROM_BYTES:
+            old = _OldProblems(original.problems, edit)
+            failed = not all(old.explain(p) for p in problems)  # a new bracket problem: the fill fails whatever
+            node_problems = _window_problems(parser, original, edit, fill, filled, failed)
+        if node_problems is None:
+            data, tree = _reparse(parser, original, edit, fill)
+            node_problems = _node_problems(tree, data, filled)
+        problems += node_problems
     return _sorted_problems(problems)
+
+
+def _byte_range(original: _Analysis, edit: Edit) -> tuple[int, int]:
+    """The edit's start and end as byte offsets into the original's UTF-8 data."""
+    assert original.data is not None
+    document = original.document
+    ascii_document = len(original.data) == len(document)
+    start_byte = edit.start if ascii_document else len(_encode(document[: edit.start]))
+    return start_byte, start_byte + len(_encode(document[edit.start : edit.end]))
+
+
+def _reparse(
+    parser: tree_sitter.Parser, original: _Analysis, edit: Edit, fill: str
+) -> tuple[bytes, tree_sitter.Tree]:
+    """The UTF-8 data and the tree of the original with the edit applied, reparsed incrementally."""
+    assert original.data is not None and original.tree is not None
+    data = original.data
+    start_byte, end_byte = _byte_range(original, edit)
+    filled_data = data[:start_byte] + _encode(fill) + data[end_byte:]
+    new_end_byte = len(filled_data) - (len(data) - end_byte)
+    old_tree = original.tree.copy()  # the cached tree stays as it is for the next candidate
+    old_tree.edit(
+        start_byte=start_byte,
+        old_end_byte=end_byte,
+        new_end_byte=new_end_byte,
+        start_point=_point(data, start_byte),
+        old_end_point=_point(data, end_byte),
+        new_end_point=_point(filled_data, new_end_byte),
+    )
+    return filled_data, _parse(parser, filled_data, old_tree)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A window of a large document
+
+WINDOW_FROM_BYTES = 1 << 16  # documents of at least this many bytes are parsed in a window around a fill
+
+
+@dataclass(frozen=True)
+class _Window:
+    """Top-level nodes of the original around an edit, which parse alone as they do in the whole document."""
+
+    start_byte: int
+    end_byte: int
+    start: int  # character offsets of the same range
+    end: int
+    first: tree_sitter.Node | None  # the top-level node the window starts with (None: it starts the document)
+    last: tree_sitter.Node | None  # the top-level node it ends with (None: it ends the document)
+    problems: tuple[SyntaxProblem, ...]  # the original's tree-sitter problems in the window (document offsets)
+
+
+_WINDOWS: OrderedDict[tuple[int, int, int], tuple[_Analysis, _Window | None]] = OrderedDict()
+_WINDOWS_LOCK = threading.Lock()
+
+
+def _window_problems(
+    parser: tree_sitter.Parser, original: _Analysis, edit: Edit, fill: str, filled: str, failed: bool
+) -> list[SyntaxProblem] | None:
+    """The tree-sitter problems of the filled document, parsing only the top-level nodes around the edit.
+
+    Parsing in a window gives the whole document's problems when the window starts and ends where the parser is
+    between two top-level nodes: the window is the top-level nodes that the edit touches and one untouched node
+    on each side, kept only when the original window, parsed alone, has the same problems and the same first and
+    last node as the whole document has there (`_window_for`), and when the filled window, parsed alone, still
+    starts and ends with those two nodes. A problem that the filled window adds is the whole document's only
+    when the fill fails anyway (`failed`: it adds a bracket problem, which the bracket scan of the whole document
+    found): the window may have cut a comment or string that the document closes further on. Otherwise (None)
+    the caller reparses the whole document.
+    """
+    assert original.data is not None
+    start_byte, end_byte = _byte_range(original, edit)
+    window = _window_for(parser, original, start_byte, end_byte)
+    if window is None:
+        return None
+    data = original.data
+    fill_data = _encode(fill)
+    shift_bytes = len(fill_data) - (end_byte - start_byte)
+    window_data = data[window.start_byte : start_byte] + fill_data + data[end_byte : window.end_byte]
+    tree = _parse(parser, window_data)
+    root = tree.root_node
+    first = root.child(0) if window.first is not None and root.child_count else None
+    last = root.child(root.child_count - 1) if window.last is not None and root.child_count else None
+    same_ends = root.type == original.tree.root_node.type and _same_node(first, window.first, -window.start_byte) \
+        and _same_node(last, window.last, shift_bytes - window.start_byte)
+    if not same_ends and not failed:  # the fill reaches past the window: only the whole document can tell
+        return None
+    text = filled[window.start : window.end + edit.shift]
+    inside = [
+        SyntaxProblem(p.start + window.start, p.end + window.start, p.kind, p.message)
+        for p in _node_problems(tree, window_data, text)
+    ]
+    # A problem the window adds may be the window's own (a comment opened in it that the whole document closes
+    # further on): only the whole document can tell.
+    old = _OldProblems(window.problems, edit)
+    if not failed and not all(old.explain(p) for p in inside):
+        return None
+    before = [p for p in original.node_problems if p.end <= window.start]
+    after = [
+        SyntaxProblem(p.start + edit.shift, p.end + edit.shift, p.kind, p.message)
+        for p in original.node_problems if p.start >= window.end
+    ]
+    return [*before, *inside, *after]
+
+
+def _same_node(node: tree_sitter.Node | None, expected: tree_sitter.Node | None, shift: int) -> bool:
+    """Whether node is expected (a clean node of the whole document's tree) with its byte range shifted."""
+    if expected is None:
+        return True
+    return (
+        node is not None and not node.has_error and node.type == expected.type
+        and node.start_byte == expected.start_byte + shift and node.end_byte == expected.end_byte + shift
+    )
+
+
+def _first_child_ending_after(tree: tree_sitter.Tree, byte: int) -> tree_sitter.Node | None:
+    """The first top-level node that ends after byte, or None.
+
+    Through a cursor: `Node.first_child_for_byte` crashes the interpreter when there is none (tree-sitter 0.26).
+    """
+    cursor = tree.walk()
+    return cursor.node if cursor.goto_first_child_for_byte(byte) is not None else None
+
+
+def _window_for(parser: tree_sitter.Parser, original: _Analysis, start_byte: int, end_byte: int) -> _Window | None:
+    """The window of the original around bytes [start_byte, end_byte), or None when none stands for the document."""
+    assert original.tree is not None and original.data is not None
+    root = original.tree.root_node
+    first = _first_child_ending_after(original.tree, start_byte)
+    if first is not None:
+        first = first.prev_sibling
+    elif root.child_count:  # the edit is past every top-level node
+        first = root.child(root.child_count - 1)
+    while first is not None and first.end_byte >= start_byte:
+        first = first.prev_sibling
+    last = _first_child_ending_after(original.tree, end_byte)
+    while last is not None and last.start_byte <= end_byte:
+        last = last.next_sibling
+    data = original.data
+    window_start = first.start_byte if first is not None else 0
+    window_end = last.end_byte if last is not None else len(data)
+    if window_end - window_start > len(data) // 2:
+        return None
+    key = (id(original), window_start, window_end)
+    with _WINDOWS_LOCK:
+        if key in _WINDOWS and _WINDOWS[key][0] is original:
+            return _WINDOWS[key][1]
+    window = _checked_window(parser, original, first, last, window_start, window_end)
+    with _WINDOWS_LOCK:
+        _WINDOWS[key] = (original, window)
+        while len(_WINDOWS) > _ORIGINALS_SIZE:
+            _WINDOWS.popitem(last=False)
+    return window
+
+
+def _checked_window(
+    parser: tree_sitter.Parser,
+    original: _Analysis,
+    first: tree_sitter.Node | None,
+    last: tree_sitter.Node | None,
+    start_byte: int,
+    end_byte: int,
+) -> _Window | None:
+    """The window, if the original's text in it parses alone as it does in the whole document."""
+    assert original.data is not None
+    for node in (first, last):
+        if node is not None and (node.has_error or node.is_missing):
+            return None
+    data = original.data
+    if len(data) == len(original.document):
+        start, end = start_byte, end_byte
+    else:
+        offsets = _char_offsets(data, {start_byte, end_byte})
+        start, end = offsets[start_byte], offsets[end_byte]
+    window_data = data[start_byte:end_byte]
+    tree = _parse(parser, window_data)
+    root = tree.root_node
+    if not root.child_count or not _same_node(root.child(0) if first is not None else None, first, -start_byte) \
+            or not _same_node(root.child(root.child_count - 1) if last is not None else None, last, -start_byte):
+        return None
+    alone = [
+        SyntaxProblem(p.start + start, p.end + start, p.kind, p.message)
+        for p in _node_problems(tree, window_data, original.document[start:end])
+    ]
+    inside = tuple(p for p in original.node_problems if p.start < end and p.end > start)
+    if any(p.start < start or p.end > end for p in inside) or _sorted_problems(alone) != inside:
+        return None
+    return _Window(start_byte, end_byte, start, end, first, last, inside)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -301,7 +561,9 @@ class _OldProblems:
         return count > 0 and self.widest_end[count - 1] > problem.start
 
 
-def check_fill(document: str, start: int, end: int, fill: str, language: str | None) -> GateResult:
+def check_fill(
+    document: str, start: int, end: int, fill: str, language: str | None, *, window: bool = True
+) -> GateResult:
     """Would replacing document[start:end] with fill add syntax problems that were not there before?
 
     The edit is first narrowed to the text that changes (the fill may repeat the start or end of what it replaces).
@@ -310,6 +572,9 @@ def check_fill(document: str, start: int, end: int, fill: str, language: str | N
     of the same kind moved to the same start, or, for ERROR nodes (which grow and shrink as the parser recovers
     differently), when it overlaps the moved range of an original ERROR node. Every other problem is new, and
     the fill passes when there is none.
+
+    In a large document the parse covers only the top-level nodes around the fill when that gives the whole
+    document's verdict (`_window_problems`); `window=False` always reparses the whole document (for comparison).
     """
     if not 0 <= start <= end <= len(document):
         raise ValueError(f"fill range [{start}, {end}) is not inside a document of {len(document)} characters")
@@ -322,7 +587,7 @@ def check_fill(document: str, start: int, end: int, fill: str, language: str | N
     same_end = len(os.path.commonprefix([fill[same_start:][::-1], replaced[same_start:][::-1]]))
     changed = fill[same_start : len(fill) - same_end]
     edit = Edit(start + same_start, end - same_end, len(changed))
-    after = _filled_problems(original, edit, changed, canonical)
+    after = _filled_problems(original, edit, changed, canonical, window)
     old = _OldProblems(original.problems, edit)
     unprintable = _unprintable(changed, edit.start)
     new_problems = tuple(p for p in after if not old.explain(p)) + unprintable

@@ -1,4 +1,4 @@
-"""The engine's kinds of `diffill bench` (spans, ghost, fill): what fills cost on this machine.
+"""The engine's kinds of `diffill bench` (spans, ghost, fill, gate): what fills cost on this machine.
 
 Benchmarks measure; tests never assert timings. `diffill.bench` puts these kinds beside the editor-side ones.
 """
@@ -42,7 +42,34 @@ def add_kinds(kinds: argparse._SubParsersAction) -> dict[str, Callable[[argparse
     fill.add_argument("--profile", action="store_true", help="add torch.profiler's table of one fill per span")
     fill.add_argument("--json", action="store_true", help="print JSON")
     fill.add_argument("--out", metavar="FILE", help="also write the JSON to FILE")
-    return {"spans": run_spans, "ghost": run_ghost, "fill": run_fill}
+    gate = kinds.add_parser("gate", help="ms of the syntax gate per keystroke in a large file, by way of gating")
+    gate.add_argument("--mb", type=float, default=5.0, help="document size in millions of characters (default 5)")
+    gate.add_argument("--keys", type=int, default=40, help="keystrokes typed, each a new version (default 40)")
+    gate.add_argument("--candidates", type=int, default=2, help="fills gated per keystroke (default 2)")
+    gate.add_argument("--modes", nargs="+", default=["fresh", "whole", "window"], metavar="MODE",
+                      help="fresh, whole, window: compared keystroke by keystroke (default: all three)")
+    gate.add_argument("--json", action="store_true", help="print JSON")
+    return {"spans": run_spans, "ghost": run_ghost, "fill": run_fill, "gate": run_gate}
+
+
+def run_gate(args: argparse.Namespace) -> int:
+    """Per way of gating: ms for each keystroke's first candidate (with the new version's parse) and the others."""
+    from infill_engine.gate_bench import bench_gate
+
+    try:
+        report = bench_gate(args.mb, args.keys, args.candidates, tuple(args.modes))
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    print(f"{report['characters']:,} characters ({report['bytes']:,} bytes); {report['keys']} keystrokes, "
+          f"{report['candidates']} candidate(s) each; same verdicts in every mode: {report['same_verdicts']}")
+    print(f"{'mode':<8} {'first p50':>10} {'first p95':>10} {'further p50':>12} {'further p95':>12} {'passed':>7}")
+    for row in report["rows"]:
+        print(f"{row['mode']:<8} {row['first_ms_median']:>10} {row['first_ms_p95']:>10} "
+              f"{row.get('further_ms_median', '-'):>12} {row.get('further_ms_p95', '-'):>12} {row['passed']:>7}")
+    return 0
 
 
 def run_fill(args: argparse.Namespace) -> int:
