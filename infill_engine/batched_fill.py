@@ -100,6 +100,7 @@ class Lockstep:
             if member.joined:
                 member.joined = False
                 self._members -= 1
+                self._merged = None  # its context is in it: let the merged keys and values go
                 self._cond.notify_all()
 
     def _run_round(self) -> None:
@@ -241,6 +242,12 @@ class FillBatcher:
             error = future.exception()
             outcomes.append(error if error is not None else future.result())
         return outcomes
+
+    def report(self) -> dict[str, Any]:
+        """For status pages: fills at once at most, model calls made, and the fills' calls they answered."""
+        counts = self.lockstep.counts if self.lockstep is not None else None
+        return {"max_batch_size": self.capacity, "forwards": counts.forwards if counts else None,
+                "calls": counts.calls if counts else None}
 
     def close(self) -> None:
         """Start nothing more (works already running finish)."""

@@ -92,4 +92,5 @@ def test_concurrent_clients_of_the_http_app_share_forward_passes_and_get_their_o
     assert [status for status, _ in answers] == [200] * len(REQUESTS)
     assert [([c["text"] for c in body["candidates"]], [c["text"] for c in body["rejected"]])
             for _, body in answers] == [texts[:2] for texts in alone]
-    assert batcher.lockstep.counts.forwards < batcher.lockstep.counts.calls
+    status = app.status()["batching"]
+    assert status["max_batch_size"] == 8 and status["forwards"] < status["calls"]

@@ -390,10 +390,13 @@ class InfillApp:
                            "max_queued": self.limits.max_queued}}
 
     def status(self) -> dict[str, Any]:
-        """Counters: requests waiting or running, served, cancelled by a disconnect, refused as busy, failed."""
+        """Counters: requests waiting or running, served, cancelled by a disconnect, refused as busy, failed; and
+        with a batcher, the model calls made and the fills' calls they answered (fewer calls than: shared)."""
         with self._lock:
             counts = dict(self.counts)
-        return {"model": self.model.description, **counts, "uptime_s": round(time.monotonic() - self.started, 1)}
+        batching = {"batching": self._batcher.report()} if self._batcher is not None else {}
+        return {"model": self.model.description, **counts, **batching,
+                "uptime_s": round(time.monotonic() - self.started, 1)}
 
 
 class _Stepped:
