@@ -9,6 +9,8 @@
 ---@field enabled boolean show ghost text while typing in insert mode
 ---@field debounce_ms integer wait this long after the last keystroke before asking the server
 ---@field accept_key string|false insert-mode key that accepts the ghost text (falls through when none is shown)
+---@field invoke_key string|false insert-mode key that asks for ghost text at once, with several candidates (LSP
+---triggerKind Invoked), or shows the next of them (0.10 and 0.11; false: none)
 ---@field hl_group string highlight group of the ghost text
 
 ---@class diffill.Opts
@@ -31,6 +33,7 @@ M.defaults = {
     enabled = true,
     debounce_ms = 75,
     accept_key = '<Tab>',
+    invoke_key = '<M-\\>',
     hl_group = 'DiffillGhostText',
   },
   settings = {

@@ -4,8 +4,10 @@
 --- pending request, and an answer that arrives after the buffer changed (its `changedtick` moved) or the cursor
 --- moved is dropped. The first suggestion is drawn after the cursor: its first line inline, the others as virtual
 --- lines. The accept key inserts it when one is shown and does what it did before otherwise (the user's mapping, kept
---- as a `<Plug>` mapping); `<Esc>` (leaving insert mode) and moving the cursor dismiss it. Neovim 0.12 and later use
---- `vim.lsp.inline_completion` instead, with the same accept key and fallback.
+--- as a `<Plug>` mapping); `<Esc>` (leaving insert mode) and moving the cursor dismiss it. The invoke key asks at once
+--- with `triggerKind` Invoked, which the server answers with several candidates (`completion.candidates`); pressed
+--- again while one of them is shown, it shows the next. Neovim 0.12 and later use `vim.lsp.inline_completion`
+--- instead, with the same accept key and fallback.
 
 local util = require('diffill.util')
 
@@ -29,6 +31,8 @@ local ns = vim.api.nvim_create_namespace('diffill.ghost')
 ---@field client_id integer? the client of the pending request
 ---@field request_id integer? the pending request
 ---@field shown diffill.Suggestion?
+---@field items diffill.Suggestion[]? the suggestions of the last answer, of which `shown` is number `index`
+---@field index integer?
 ---@field attached boolean? whether the autocommands and the accept key are set
 ---@field previous table? what the accept key did before diffill mapped it (a `maparg()` dict; empty: not mapped)
 ---@field falling_back boolean? whether the keys of the user's mapping for the accept key are being run
@@ -37,7 +41,13 @@ local ns = vim.api.nvim_create_namespace('diffill.ghost')
 M.buffers = {}
 
 ---@type diffill.GhostTextOpts
-M.opts = { enabled = true, debounce_ms = 75, accept_key = '<Tab>', hl_group = 'DiffillGhostText' }
+M.opts = {
+  enabled = true,
+  debounce_ms = 75,
+  accept_key = '<Tab>',
+  invoke_key = '<M-\\>',
+  hl_group = 'DiffillGhostText',
+}
 
 ---@param bufnr integer
 ---@return diffill.GhostState
@@ -90,7 +100,7 @@ function M.dismiss(bufnr)
     return
   end
   cancel(st)
-  st.shown = nil
+  st.shown, st.items, st.index = nil, nil, nil
   if vim.api.nvim_buf_is_valid(bufnr) then
     vim.api.nvim_buf_clear_namespace(bufnr, ns, 0, -1)
   end
@@ -107,16 +117,16 @@ local function insert_text(item)
   return type(text) == 'string' and text or nil
 end
 
---- The first item of an answer that can be drawn as text after the cursor.
+--- The items of an answer that can be drawn as text after the cursor, in the server's order.
 ---@param bufnr integer
 ---@param client vim.lsp.Client
 ---@param result table InlineCompletionList or InlineCompletionItem[]
 ---@param row integer
 ---@param col integer
----@return diffill.Suggestion?
-local function suggestion(bufnr, client, result, row, col)
-  local items = result.items or result
-  for _, item in ipairs(items) do
+---@return diffill.Suggestion[]
+local function suggestions(bufnr, client, result, row, col)
+  local found = {}
+  for _, item in ipairs(result.items or result) do
     local text = insert_text(item)
     local start_row, start_col, end_row, end_col = row, col, row, col
     if item.range then
@@ -131,7 +141,7 @@ local function suggestion(bufnr, client, result, row, col)
     if text and text ~= '' and before_cursor and after_cursor then
       local typed = table.concat(vim.api.nvim_buf_get_text(bufnr, start_row, start_col, row, col, {}), '\n')
       if vim.startswith(text, typed) and #text > #typed then
-        return {
+        found[#found + 1] = {
           row = row,
           col = col,
           start_row = start_row,
@@ -144,7 +154,7 @@ local function suggestion(bufnr, client, result, row, col)
       end
     end
   end
-  return nil
+  return found
 end
 
 --- Draw a suggestion after the cursor.
@@ -168,7 +178,8 @@ end
 
 --- Ask the server for ghost text at the cursor of the current window (which must show `bufnr`).
 ---@param bufnr integer
-function M.request(bufnr)
+---@param invoked boolean? the user asked (triggerKind Invoked: several candidates), not typing (Automatic)
+function M.request(bufnr, invoked)
   local st = state(bufnr)
   cancel(st)
   local win = vim.api.nvim_get_current_win()
@@ -181,7 +192,7 @@ function M.request(bufnr)
   end
   local params = vim.lsp.util.make_position_params(win, client.offset_encoding)
   ---@diagnostic disable-next-line: inject-field
-  params.context = { triggerKind = 2 } -- Automatic
+  params.context = { triggerKind = invoked and 1 or 2 } -- Invoked or Automatic
   local tick = vim.api.nvim_buf_get_changedtick(bufnr)
   local cursor = vim.api.nvim_win_get_cursor(win)
   local request_id
@@ -200,8 +211,9 @@ function M.request(bufnr)
     if now[1] ~= cursor[1] or now[2] ~= cursor[2] or not vim.api.nvim_get_mode().mode:match('^i') then
       return
     end
-    local s = suggestion(bufnr, client, result, cursor[1] - 1, cursor[2])
-    st.shown = s
+    local found = suggestions(bufnr, client, result, cursor[1] - 1, cursor[2])
+    local s = found[1]
+    st.shown, st.items, st.index = s, found, 1
     if s then
       draw(bufnr, s)
     end
@@ -223,6 +235,21 @@ function M.schedule(bufnr)
       M.request(bufnr)
     end
   end))
+end
+
+--- The invoke key: show the next of several suggestions when one is shown, else ask for suggestions at once.
+---@param bufnr integer?
+function M.invoke(bufnr)
+  bufnr = bufnr or vim.api.nvim_get_current_buf()
+  local st = state(bufnr)
+  if st.shown and st.items and #st.items > 1 then
+    st.index = st.index % #st.items + 1
+    st.shown = st.items[st.index]
+    draw(bufnr, st.shown)
+    return
+  end
+  M.dismiss(bufnr)
+  M.request(bufnr, true)
 end
 
 --- Insert the shown ghost text; returns whether there was one.
@@ -382,6 +409,11 @@ function M.attach(bufnr)
   map_accept(bufnr, function()
     return M.visible(bufnr) and '<Cmd>lua require("diffill.ghost").accept()<CR>' or nil
   end, 'diffill: accept ghost text')
+  if M.opts.invoke_key then
+    vim.keymap.set('i', M.opts.invoke_key, function()
+      M.invoke(bufnr)
+    end, { buffer = bufnr, desc = 'diffill: ask for ghost text (several candidates), or show the next' })
+  end
 end
 
 --- Turn ghost text off for a buffer.
@@ -393,6 +425,9 @@ function M.detach(bufnr)
     st.timer:close()
   end
   unmap_accept(bufnr)
+  if M.opts.invoke_key then
+    pcall(vim.keymap.del, 'i', M.opts.invoke_key, { buffer = bufnr })
+  end
   M.buffers[bufnr] = nil
   pcall(vim.api.nvim_del_augroup_by_name, ('diffill.ghost.%d'):format(bufnr))
 end
