@@ -12,6 +12,13 @@ A request goes through these steps, and stops at the first that answers:
 
 The answer is dropped when the document changed while the model worked; the suggestions stay in the cache, where
 the next request (typically typed-ahead) finds them.
+
+Once ghost text is shown, the user's next request is likely to come right after accepting it (Tab, then the editor
+asks again at the end of the inserted text). With `completion.prefetchAccepted` that fill is started at once in the
+background, on the "prefetch" lane of the scheduler: the document as it will be with the first suggestion
+inserted, at the cursor after it. Its suggestions go into the cache, where that request finds them; a request for
+the same context that arrives while it still runs waits for it. Any other model work supersedes it, and a change of
+the document that is not that acceptance cancels it.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ from infill_engine.request import InfillRequest
 from lsp_server import conversion, postprocess, status
 from lsp_server.cache import CacheKey
 from lsp_server.context import Cursor, Snapshot, as_comments, cursor_at, similar_chunks
-from lsp_server.scheduler import CANCELLED, CHANGED, FILL, Ticket
+from lsp_server.scheduler import CANCELLED, CHANGED, FILL, PREFETCH, Ticket
 from lsp_server.settings import Settings
 
 if TYPE_CHECKING:
@@ -115,12 +122,24 @@ def fill_job(
     return FillOutcome(gated_variants(fills, cursor, language), result.stats.as_dict())
 
 
+@dataclass
+class _Prefetch:
+    """A fill running in the background for the document as it will be once the ghost text shown is accepted."""
+
+    text: str  # the document with the first suggestion inserted
+    key: CacheKey  # the context of the cursor after the suggestion, where its suggestions are stored
+    ticket: Ticket
+    task: asyncio.Task[None]
+
+
 class Completer:
     """Answers ghost-text and completion requests."""
 
     def __init__(self, ls: DiffillServer) -> None:
         self.ls = ls
         self._running: dict[str, _Computation] = {}  # by uri
+        self._prefetches: dict[str, _Prefetch] = {}  # by uri
+        self.prefetched = 0  # prefetch fills whose suggestions went into the cache
 
     async def suggest(
         self, document: Snapshot, position: types.Position, method: str, asked: bool = True
@@ -144,9 +163,10 @@ class Completer:
         found = _Found(cursor, index.position_at(offset, ls.encoding), word_range, word)
         candidates = settings.completion.candidates if asked else settings.completion.automatic_candidates
         key = CacheKey.of(cursor, f"{document.language or ''}:{candidates}")
-        cached = ls.cache.lookup(key)
+        cached = ls.cache.lookup(key) or await self._prefetched(document.uri, key)
         if cached:
             report.cache_hit = True
+            self._prefetch_accepted(document, cursor, cached[0], method, settings)
             return self._done(report, "cache", found.suggestions(cached))
         if not ls.host.ready:
             return self._done(report, "not_ready")
@@ -170,7 +190,65 @@ class Completer:
             return self._done(report, CHANGED, ticket=computation.ticket)
         if not outcome.texts:
             return self._done(report, "empty", ticket=computation.ticket)
+        self._prefetch_accepted(document, cursor, outcome.texts[0], method, settings)
         return self._done(report, "ok", found.suggestions(outcome.texts), ticket=computation.ticket)
+
+    def is_accepted_state(self, uri: str) -> bool:
+        """Whether the document is now as a running prefetch expects it: the ghost text shown was accepted."""
+        prefetch = self._prefetches.get(uri)
+        if prefetch is None or prefetch.task.done():
+            return False
+        document = self.ls.snapshot(uri)
+        return document is not None and document.text == prefetch.text
+
+    async def _prefetched(self, uri: str, key: CacheKey) -> list[str] | None:
+        """The suggestions of a running prefetch for exactly this context, once it is done; None when there is none."""
+        prefetch = self._prefetches.get(uri)
+        if prefetch is None or prefetch.key != key or prefetch.task.done() or prefetch.ticket.cancelled:
+            return None
+        await asyncio.shield(prefetch.task)
+        return self.ls.cache.lookup(key)
+
+    def _prefetch_accepted(
+        self, document: Snapshot, cursor: Cursor, shown: str, method: str, settings: Settings
+    ) -> None:
+        """Start filling, in the background, where the cursor will be once the ghost text `shown` is accepted."""
+        if method != types.TEXT_DOCUMENT_INLINE_COMPLETION or not settings.completion.prefetch_accepted:
+            return
+        if not self.ls.host.ready or self.ls.settings is not settings or not shown:
+            return
+        accepted = document.text[: cursor.offset] + shown + document.text[cursor.offset :]
+        after = cursor_at(accepted, cursor.offset + len(shown))
+        candidates = settings.completion.automatic_candidates  # the request after Tab is one while typing
+        key = CacheKey.of(after, f"{document.language or ''}:{candidates}")
+        running = self._prefetches.get(document.uri)
+        if running is not None and running.key == key and not running.task.done() and not running.ticket.cancelled:
+            return
+        if self.ls.cache.lookup(key) is not None:
+            return
+        ticket = self.ls.scheduler.issue(document.uri, PREFETCH, None)
+        others = self.ls.other_documents(document.uri) if settings.context.other_documents else []
+        task = asyncio.ensure_future(self._prefetch(ticket, key, after, document.language, settings, others))
+        prefetch = _Prefetch(accepted, key, ticket, task)
+        self._prefetches[document.uri] = prefetch
+        task.add_done_callback(lambda _: self._forget_prefetch(document.uri, prefetch))
+
+    async def _prefetch(
+        self, ticket: Ticket, key: CacheKey, cursor: Cursor, language: str | None, settings: Settings,
+        others: list[tuple[str, str]],
+    ) -> None:
+        """The prefetch itself: a fill like a request's, kept in the cache."""
+        candidates = settings.completion.automatic_candidates
+        outcome = await self._compute(ticket, cursor, language, settings, others, candidates)
+        if outcome is not None and outcome.texts and self.ls.settings is settings:
+            self.ls.cache.store(key, outcome.texts)
+            self.prefetched += 1
+            logger.debug("prefetched %d suggestion(s) after the ghost text of %s", len(outcome.texts), ticket.uri)
+
+    def _forget_prefetch(self, uri: str, prefetch: _Prefetch) -> None:
+        if self._prefetches.get(uri) is prefetch:
+            del self._prefetches[uri]
+        self.ls.scheduler.finish(prefetch.ticket)
 
     def _join_or_start(self, document: Snapshot, cursor: Cursor, settings: Settings, candidates: int) -> _Computation:
         """The running computation for this exact request, or a new one that supersedes the document's last."""

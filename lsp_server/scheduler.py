@@ -6,6 +6,10 @@ newer request supersedes the older one, which stops at its next denoising step (
 and answers with nothing. A change to the document cancels all of its tickets, since what they compute would be an
 edit of a version that no longer exists; `$/cancelRequest` cancels the request's own ticket.
 
+A third lane, "prefetch", is work for a state the user may reach next (the ghost text shown, accepted: see
+`completion.Completer`). It comes last: a ticket of any other lane, for any document, cancels every prefetch, and a
+change to the document spares it only when the change is the one it was made for (`cancel_document`'s `spare`).
+
 Local servers in other tools pile up stale work because nothing like this exists between the editor and the model
 (Neovim's built-in inline completion cancels only on leaving insert mode); here the server does it itself.
 """
@@ -17,6 +21,7 @@ from typing import Any
 
 FILL = "fill"  # inline completion and completion items
 EDIT = "edit"  # rewrite, refine, fill here, quick fixes
+PREFETCH = "prefetch"  # the fill after the ghost text shown is accepted, made before it is
 
 SUPERSEDED = "superseded"
 CANCELLED = "cancelled"
@@ -64,10 +69,14 @@ class Scheduler:
         self._current: dict[tuple[str, str], Ticket] = {}
 
     def issue(self, uri: str, lane: str, version: int | None) -> Ticket:
-        """A ticket for new work; the previous one of the same document and lane is superseded."""
+        """A ticket for new work; the previous one of the same document and lane is superseded, and so is every
+        prefetch when the new work is not one."""
         previous = self._current.get((uri, lane))
         if previous is not None:
             previous.cancel(SUPERSEDED)
+        if lane != PREFETCH:
+            for key in [key for key in self._current if key[1] == PREFETCH]:
+                self._current.pop(key).cancel(SUPERSEDED)
         ticket = Ticket(uri, lane, version)
         self._current[(uri, lane)] = ticket
         return ticket
@@ -77,9 +86,9 @@ class Scheduler:
         if self._current.get((ticket.uri, ticket.lane)) is ticket:
             del self._current[(ticket.uri, ticket.lane)]
 
-    def cancel_document(self, uri: str, reason: str) -> None:
-        """Cancel every ticket of a document (it changed or closed)."""
-        for key in [key for key in self._current if key[0] == uri]:
+    def cancel_document(self, uri: str, reason: str, spare: str | None = None) -> None:
+        """Cancel every ticket of a document (it changed or closed), except those of the lane `spare`."""
+        for key in [key for key in self._current if key[0] == uri and key[1] != spare]:
             self._current.pop(key).cancel(reason)
 
     def cancel_all(self, reason: str) -> None:

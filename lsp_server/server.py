@@ -39,7 +39,7 @@ from lsp_server.completion import Completer
 from lsp_server.context import Snapshot
 from lsp_server.conversion import completion_list, inline_completion_list
 from lsp_server.diagnostics import DiagnosticsPublisher
-from lsp_server.scheduler import CHANGED, CLOSED, RELOAD, SHUTDOWN, Scheduler
+from lsp_server.scheduler import CHANGED, CLOSED, PREFETCH, RELOAD, SHUTDOWN, Scheduler
 from lsp_server.settings import ModelSettings, Settings, concerns_us, parse_settings
 from lsp_server.worker import ModelHost
 
@@ -244,6 +244,7 @@ class DiffillServer(LanguageServer):
             "position_encoding": self.encoding,
             "settings": asdict(self.settings),
             "cache_entries": len(self.cache),
+            "prefetched": self.completer.prefetched,  # fills made ahead for an accepted suggestion and kept
             "open_documents": len(self.workspace.text_documents),
             "running_handlers": len(self.protocol._request_futures),  # requests (and notifications) not yet done
             "pid": os.getpid(),
@@ -318,7 +319,8 @@ def did_open(ls: DiffillServer, params: types.DidOpenTextDocumentParams) -> None
 def did_change(ls: DiffillServer, params: types.DidChangeTextDocumentParams) -> None:
     whole = all(isinstance(c, types.TextDocumentContentChangeWholeDocument) for c in params.content_changes)
     ls.note_version(params.text_document.uri, params.text_document.version, whole)
-    ls.scheduler.cancel_document(params.text_document.uri, CHANGED)
+    accepted = ls.completer.is_accepted_state(params.text_document.uri)  # the ghost text's prefetch goes on
+    ls.scheduler.cancel_document(params.text_document.uri, CHANGED, spare=PREFETCH if accepted else None)
     ls.diagnostics.schedule(params.text_document.uri)
 
 

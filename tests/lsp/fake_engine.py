@@ -38,6 +38,9 @@ class Rule:
 RULES = (
     # ghost text at a line end: two candidates, two items
     Rule("def add(a, b):\n    return ", "\n", ("a + b", "b + a")),
+    # ghost text, and what the model writes once it is accepted (the server prefetches that)
+    Rule("def mul(a, b):\n    product = ", "\n", ("a * b",)),
+    Rule("def mul(a, b):\n    product = a * b", "\n", ("  # the product",)),
     # a rewrite or a refinement of a selection
     Rule("def sub(a, b):\n    return ", "\n", ("a - b",)),
     # the instruction of a rewrite, as the comment line the server puts before the selection

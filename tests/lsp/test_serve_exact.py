@@ -104,6 +104,59 @@ async def test_typing_the_start_of_a_suggestion_is_answered_from_the_cache(clien
     assert field_of(status, "outcome") == "cache"
 
 
+async def accept_first_ghost_text(client: LanguageClient, uri: str, text: str, line: int, character: int,
+                                  version: int) -> str:
+    """Ask for ghost text, apply its first item's edit as the editor does on Tab, and return the new text."""
+    result = await inline(client, uri, line, character)
+    assert result is not None and result.items
+    item = result.items[0]
+    edit = types.TextEdit(range=item.range, new_text=item.insert_text)  # type: ignore[arg-type]
+    accepted = apply_text_edits(text, [edit], encoding(client))
+    change_document(client, uri, accepted, version)
+    return accepted
+
+
+async def prefetched(client: LanguageClient) -> int:
+    return field_of(await debug_info(client), "prefetched")
+
+
+async def test_the_request_after_accepting_ghost_text_is_answered_from_the_cache(client: LanguageClient):
+    uri = "file:///exact/accept.py"
+    text = "def mul(a, b):\n    product = \n"
+    open_document(client, uri, text)
+    before = await prefetched(client)
+    accepted = await accept_first_ghost_text(client, uri, text, 1, 14, 2)
+    assert accepted == "def mul(a, b):\n    product = a * b\n"
+    for _ in range(WAIT * 100):  # the fill for the accepted text runs in the background; let it finish
+        if await prefetched(client) > before:
+            break
+        await asyncio.sleep(0.01)
+    seen = len(client.statuses)  # type: ignore[attr-defined]
+    assert texts(await inline(client, uri, 1, 19)) == ["  # the product"]
+    status = await status_after(client, seen, types.TEXT_DOCUMENT_INLINE_COMPLETION)
+    assert field_of(status, "cache_hit") is True and field_of(status, "forward_passes") == 0
+
+
+async def test_with_prefetch_off_the_request_after_accepting_runs_the_model(client: LanguageClient):
+    uri = "file:///exact/accept_off.py"
+    text = "def mul(a, b):\n    product = \n"
+    off = {**SETTINGS, "completion": {**SETTINGS["completion"], "prefetchAccepted": False}}
+    client.workspace_did_change_configuration(types.DidChangeConfigurationParams(settings={"diffill": off}))
+    try:
+        await asyncio.sleep(0.2)  # the notification is handled before the next request
+        open_document(client, uri, text)
+        before = await prefetched(client)
+        await accept_first_ghost_text(client, uri, text, 1, 14, 2)
+        seen = len(client.statuses)  # type: ignore[attr-defined]
+        assert texts(await inline(client, uri, 1, 19)) == ["  # the product"]
+        status = await status_after(client, seen, types.TEXT_DOCUMENT_INLINE_COMPLETION)
+        assert field_of(status, "cache_hit") is False and field_of(status, "forward_passes") >= 1
+        assert await prefetched(client) == before
+    finally:
+        client.workspace_did_change_configuration(types.DidChangeConfigurationParams(settings={"diffill": SETTINGS}))
+        await asyncio.sleep(0.2)
+
+
 async def test_a_fill_that_breaks_the_syntax_is_never_shown(client: LanguageClient):
     uri = "file:///exact/broken.py"
     open_document(client, uri, "broken = \nprint(broken)\n")

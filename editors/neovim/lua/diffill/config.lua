@@ -57,6 +57,7 @@ M.defaults = {
       lineTokens = 24, -- span positions when the cursor is mid-line
       debounceMs = 50, -- the server waits this long; a newer request in the meantime wins
       cacheEntries = 250, -- LRU of suggestions by context; 0 turns caching off
+      prefetchAccepted = true, -- fill where the cursor goes if the ghost text is accepted, in the background
       budgetMs = 250, -- ms of model work per fill, then the best passing suggestion so far (vim.NIL: no limit)
     },
     rewrite = {
