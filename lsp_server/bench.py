@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import os
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -20,6 +22,7 @@ from typing import Any
 from infill_engine.commands import UsageError
 from infill_engine.interface import ENGINE_MODES
 from lsp_server import process_usage, typing_replay
+from lsp_server.stdio_client import Pending
 from lsp_server.typing_replay import DEFAULT_RATE, KeyRecord, Server, Session
 
 WASTED = ("superseded", "changed", "cancelled")  # diffill/status outcomes whose model work nobody saw
@@ -44,7 +47,14 @@ def add_kinds(kinds: argparse._SubParsersAction) -> dict[str, Callable[[argparse
                       help="servers per run, one run each (default: 1 3); they share one engine unless "
                       "--engine-mode inprocess")
     load.add_argument("--rss-every", type=int, default=100, help="requests between memory samples (default 100)")
-    return {"lsp": run_lsp, "load": run_load}
+    accept = kinds.add_parser("accept", help="ghost text accepted, then the next request: with and without the "
+                              "accepted state prefetched (completion.prefetchAccepted), hole by hole in one run")
+    _common(accept)
+    accept.add_argument("--file", type=Path, help="the file whose line ends are the holes (default: as `lsp`)")
+    accept.add_argument("--holes", type=int, default=30, help="line ends, spread over the file (default 30)")
+    accept.add_argument("--think-ms", type=float, default=500.0,
+                        help="ms between the ghost text's answer and its acceptance (default 500)")
+    return {"lsp": run_lsp, "load": run_load, "accept": run_accept}
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -275,3 +285,116 @@ def load_table(report: dict[str, Any]) -> str:
                      "requests (servers | engine):")
         lines += [f"  {s['requests']:>6}: {s['servers_mib']} | {s['engine_mib']}" for s in run["rss"]]
     return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------ accept
+
+
+def run_accept(args: argparse.Namespace) -> int:
+    """`diffill bench accept`: the request after accepting ghost text, prefetched or not."""
+    path = args.file or typing_replay.default_source()
+    try:
+        text = path.read_text(encoding="utf-8")
+        report = asyncio.run(bench_accept(text, args.holes, args.think_ms / 1000,
+                                          typing_replay.serve_command(args.model), options_of(args)))
+    except (OSError, ValueError) as error:
+        raise UsageError(str(error)) from None
+    report = {"file": typing_replay.origin_of(path), **report}
+    _write(report, args, accept_table)
+    return 0
+
+
+def accept_holes(text: str, count: int) -> list[int]:
+    """Offsets of `count` line ends spread over the text, each after a line of code (not blank, not a comment)."""
+    ends = [i for i, char in enumerate(text) if char == "\n"]
+    code = [end for end in ends
+            if (line := text[text.rfind("\n", 0, end) + 1 : end].strip()) and not line.startswith(("#", '"', "'"))]
+    step = max(1, len(code) // max(count, 1))
+    return code[::step][:count]
+
+
+async def bench_accept(text: str, holes: int, think: float, command: Sequence[str],
+                       options: dict[str, Any]) -> dict[str, Any]:
+    """At each hole, on two servers (prefetch on, off) one after the other: ghost text, a pause, Tab, the next
+    request; the time from Tab to that answer and whether the cache answered it."""
+    before = _machine()
+    engine = {**options.get("engine", {}), "mode": "inprocess"}  # each server its own model thread
+    variants = {"on": True, "off": False}
+    results: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
+    offsets = accept_holes(text, holes)
+    async with contextlib.AsyncExitStack() as stack:
+        started = {}
+        for name, prefetch in variants.items():
+            completion = {**options.get("completion", {}), "prefetchAccepted": prefetch}
+            settings = {**options, "engine": engine, "completion": completion}
+            started[name] = (await stack.enter_async_context(typing_replay.servers(1, command, settings)))[0]
+        for number, offset in enumerate(offsets):
+            for name, server in started.items():
+                results[name].append(await _accept_once(server, text, offset, think, f"{name}-{number}"))
+    rows = {}
+    for name, measured in results.items():
+        accepted = [m for m in measured if m["accepted"]]
+        rows[name] = {
+            "holes": len(measured), "accepted": len(accepted),
+            "next_ms_p50": percentile([m["next_ms"] for m in accepted], 0.5),
+            "next_ms_p95": percentile([m["next_ms"] for m in accepted], 0.95),
+            "next_from_cache": sum(1 for m in accepted if m["cache_hit"]),
+            "next_with_items": sum(1 for m in accepted if m["items"]),
+            "first_ms_p50": percentile([m["first_ms"] for m in measured], 0.5),
+        }
+    return {"machine_before": before, "machine_after": _machine(), "think_ms": think * 1000, "rows": rows}
+
+
+async def _accept_once(server: Server, text: str, offset: int, think: float, tag: str) -> dict[str, Any]:
+    """One hole: open, ask for ghost text, wait `think`, accept its first item, ask again; then close."""
+    client = server.client
+    document = typing_replay.Document(Path(tempfile.gettempdir(), f"diffill-accept-{tag}.py").as_uri(),
+                                      text[:offset], text[offset:])
+    client.notify("textDocument/didOpen", document.opened())
+
+    def ask() -> Pending:
+        return client.request("textDocument/inlineCompletion", {
+            "textDocument": {"uri": document.uri}, "position": document.position(document.cursor),
+            "context": {"triggerKind": 2}})
+
+    started = time.perf_counter()
+    first = await asyncio.wait_for(ask().future, typing_replay.ANSWER_TIMEOUT)
+    first_ms = (time.perf_counter() - started) * 1000
+    items = _items(first)
+    measured: dict[str, Any] = {"first_ms": first_ms, "accepted": bool(items), "next_ms": None, "cache_hit": False,
+                                "items": False}
+    if items:
+        await asyncio.sleep(think)
+        shown = items[0].get("insertText")
+        shown = shown if isinstance(shown, str) else str((shown or {}).get("value", ""))
+        seen = len(server.statuses)
+        tab = time.perf_counter()
+        client.notify("textDocument/didChange", document.change(typing_replay.Keystroke(insert=shown)))
+        second = await asyncio.wait_for(ask().future, typing_replay.ANSWER_TIMEOUT)
+        measured["next_ms"] = (time.perf_counter() - tab) * 1000
+        measured["items"] = bool(_items(second))
+        for _ in range(200):  # its diffill/status follows the answer
+            statuses = [s for s in server.statuses[seen:] if s.get("method") == "textDocument/inlineCompletion"]
+            if statuses:
+                measured["cache_hit"] = bool(statuses[-1].get("cache_hit"))
+                break
+            await asyncio.sleep(0.01)
+    client.notify("textDocument/didClose", {"textDocument": {"uri": document.uri}})
+    return measured
+
+
+def _items(message: dict[str, Any]) -> list[dict[str, Any]]:
+    result = message.get("result")
+    return ((result.get("items") if isinstance(result, dict) else result) or []) if "error" not in message else []
+
+
+def accept_table(report: dict[str, Any]) -> str:
+    """The report of `diffill bench accept` as text."""
+    lines = [f"{report['file']}; think {report['think_ms']:g} ms; load {report['machine_before']['load_average']}",
+             f"{'prefetch':<9} {'holes':>5} {'accepted':>8} {'next p50':>9} {'next p95':>9} {'from cache':>10} "
+             f"{'first p50':>9}"]
+    for name, row in report["rows"].items():
+        lines.append(f"{name:<9} {row['holes']:>5} {row['accepted']:>8} {row['next_ms_p50']!s:>9} "
+                     f"{row['next_ms_p95']!s:>9} {row['next_from_cache']:>10} {row['first_ms_p50']!s:>9}")
+    return "\n".join(lines)
+
