@@ -126,3 +126,12 @@ def test_each_version_typed_is_parsed_from_the_one_before_and_finds_what_a_fresh
                 assert resumed.problems == scan.problems
     finally:
         syntax.swap_cache(saved)
+
+
+def test_the_gate_benchmark_gives_every_way_of_gating_the_same_verdicts() -> None:
+    from infill_engine.gate_bench import bench_gate
+
+    report = bench_gate(0.2, keys=2, candidates=2)
+    assert report["same_verdicts"] and report["characters"] >= 200_000
+    assert [row["mode"] for row in report["rows"]] == ["fresh", "whole", "window"]
+    assert all(row["passed"] == 2 for row in report["rows"])  # the rest of the line passes, the open bracket fails
