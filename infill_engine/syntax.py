@@ -228,7 +228,9 @@ def _analyse(document: str, language: str | None) -> _Analysis:
             _ORIGINALS.move_to_end(key)
             return cached
         previous = [a for (_, lang), a in reversed(_ORIGINALS.items()) if lang == language]
-    analysis = next(filter(None, (_next_version(p, document, language) for p in previous)), None)
+    analysis = None
+    if len(document) >= VERSIONS_FROM_CHARS:
+        analysis = next(filter(None, (_next_version(p, document, language) for p in previous)), None)
     if analysis is None:
         brackets = scan_brackets(document, language)
         parser = _parser(language)
@@ -246,6 +248,12 @@ def _analyse(document: str, language: str | None) -> _Analysis:
         while len(_ORIGINALS) > _ORIGINALS_SIZE:
             _ORIGINALS.popitem(last=False)
     return analysis
+
+
+# Documents of at least this many characters are derived from a previous version; a smaller one is parsed afresh
+# (in a few ms), so that its problems never depend on which versions came before: an incremental parse can recover
+# from an error otherwise than a fresh one does.
+VERSIONS_FROM_CHARS = 1 << 16
 
 
 def _next_version(previous: _Analysis, document: str, language: str | None) -> _Analysis | None:

@@ -111,6 +111,24 @@ def test_each_version_typed_is_parsed_from_the_one_before_and_finds_what_a_fresh
     line = "        x = self._decode(span, [y for y in (a, b) if y], {'k': \"(\"})  # done (\n"
     saved = syntax.swap_cache()
     try:
+        with mock.patch.object(syntax, "VERSIONS_FROM_CHARS", 0):
+            check_each_version(document, hole, line)
+    finally:
+        syntax.swap_cache(saved)
+
+
+def check_each_version(document: str, hole: int, line: str) -> None:
+    """Type line at hole, three characters at a time; each version's problems and bracket checkpoints are right."""
+    derived_versions = 0
+    real = syntax._next_version
+
+    def counted(*args):
+        nonlocal derived_versions
+        analysis = real(*args)
+        derived_versions += analysis is not None
+        return analysis
+
+    with mock.patch.object(syntax, "_next_version", counted):
         for typed in range(0, len(line) + 1, 3):
             version = document[:hole] + line[:typed] + document[hole:]
             derived = syntax.find_problems(version, "python")
@@ -124,8 +142,7 @@ def test_each_version_typed_is_parsed_from_the_one_before_and_finds_what_a_fresh
             for checkpoint in scan.checkpoints:
                 resumed = scan_brackets(version, "python", checkpoint, scan.problems[: checkpoint.reported])
                 assert resumed.problems == scan.problems
-    finally:
-        syntax.swap_cache(saved)
+    assert derived_versions >= len(line) // 3
 
 
 def test_the_gate_benchmark_gives_every_way_of_gating_the_same_verdicts() -> None:
