@@ -40,7 +40,8 @@ def team_server():
 
 def settings(url: str, **engine: str) -> dict:
     return {"engine": {"mode": "remote", "url": url, **engine}, "diagnostics": {"enabled": False},
-            "completion": {"debounceMs": 0, "candidates": 2, "maxTokens": 24}, "context": {"otherDocuments": False}}
+            "completion": {"debounceMs": 0, "candidates": 2, "maxTokens": 24, "prefetchAccepted": False},
+            "context": {"otherDocuments": False}}  # no prefetch: a fill on the server is the one the test asked for
 
 
 async def language_server(options: dict) -> tuple[LanguageClient, dict]:

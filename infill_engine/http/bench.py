@@ -51,9 +51,14 @@ def measure(url: str, key: str | None, clients: int, requests: int, n_predict: i
         connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=600)
         for _ in range(requests):
             started = time.perf_counter()
-            connection.request("POST", parts.path.rstrip("/") + "/infill", body, headers)
-            response = connection.getresponse()
-            data = response.read()
+            try:
+                connection.request("POST", parts.path.rstrip("/") + "/infill", body, headers)
+                response = connection.getresponse()
+                data = response.read()
+            except OSError as error:  # the server went away: this client stops, counted as failed
+                with lock:
+                    failures.append(f"{type(error).__name__}: {error}")
+                break
             with lock:
                 latencies.append((time.perf_counter() - started) * 1000.0)
                 if response.status != 200:
@@ -68,6 +73,8 @@ def measure(url: str, key: str | None, clients: int, requests: int, n_predict: i
         thread.join()
     elapsed = time.perf_counter() - started
     ordered = sorted(latencies)
+    if not ordered:
+        raise OSError(failures[0] if failures else "no answer")
     return {"clients": clients, "fills": len(latencies), "failed": len(failures), "seconds": round(elapsed, 2),
             "fills_per_s": round(len(latencies) / elapsed, 2), "p50_ms": round(statistics.median(ordered), 1),
             "p95_ms": round(ordered[min(len(ordered) - 1, max(0, round(0.95 * len(ordered)) - 1))], 1)}
