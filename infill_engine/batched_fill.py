@@ -13,7 +13,8 @@ Everything else stays each request's own: its seed and random stream, its option
 its blocks, its time budget, its step callback (a cancelled fill raises on its thread and leaves; the others go on),
 its syntax gate and its repairs (whose passes join the rounds too). A fill that finishes leaves the lockstep; a new
 one joins when it is admitted and takes part from the next round on, between two steps of the others (continuous
-batching), so no request waits for a batch to fill or to drain. A fill's result is the one it gets alone, up to floating-point rounding of the padded batch.
+batching), so no request waits for a batch to fill or to drain. A fill's result is the one it gets alone, up to
+floating-point rounding of the padded batch.
 
 Families whose adapters cannot merge contexts (`Denoiser.batches_contexts` False) run one fill at a time instead.
 `FillBatcher` is what servers use: it admits up to `max_batch_size` fills at once and queues the rest.
