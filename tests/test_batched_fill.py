@@ -94,3 +94,19 @@ def test_concurrent_clients_of_the_http_app_share_forward_passes_and_get_their_o
             for _, body in answers] == [texts[:2] for texts in alone]
     status = app.status()["batching"]
     assert status["max_batch_size"] == 8 and status["forwards"] < status["calls"]
+
+
+def test_a_model_converted_from_an_autoregressive_one_fills_together_as_alone(tmp_path):
+    """shift_logits and causal_context (a converted checkpoint): the first canvas position reads the output of the
+    context token before it, per row; a request without a prefix reads its own first position, the others not."""
+    import json
+
+    directory = tiny_models.build_diffill(tmp_path / "converted")
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, "shift_logits": True, "causal_context": True}))
+    engine = InfillEngine.load(ModelSpec(path=str(directory)))
+    requests = [InfillRequest("", "\nprint(x)\n", max_tokens=6, gate=False), REQUESTS[0], REQUESTS[1]]
+    alone = [outcome(engine.fill(request)) for request in requests]
+    batcher = FillBatcher(engine, max_batch_size=8)
+    assert [outcome(r) for r in batcher.run_together([lambda e, r=r: e.fill(r) for r in requests])] == alone
+    assert batcher.lockstep.counts.sizes[len(requests)] >= 2
