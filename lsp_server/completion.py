@@ -163,13 +163,19 @@ class Completer:
         found = _Found(cursor, index.position_at(offset, ls.encoding), word_range, word)
         candidates = settings.completion.candidates if asked else settings.completion.automatic_candidates
         key = CacheKey.of(cursor, f"{document.language or ''}:{candidates}")
-        cached = ls.cache.lookup(key) or await self._prefetched(document.uri, key)
+        try:
+            cached = ls.cache.lookup(key) or await self._prefetched(document.uri, key)
+        except asyncio.CancelledError:  # $/cancelRequest while it waited for the prefetch
+            self._done(report, CANCELLED)
+            raise
         if cached:
             report.cache_hit = True
             self._prefetch_accepted(document, cursor, cached[0], method, settings)
             return self._done(report, "cache", found.suggestions(cached))
         if not ls.host.ready:
             return self._done(report, "not_ready")
+        if ls.document_version(document.uri) != document.version:  # changed while it waited for a prefetch that
+            return self._done(report, CHANGED)  # was then superseded: the newer request's fill must not be
         computation = self._join_or_start(document, cursor, settings, candidates)
         computation.waiters += 1
         try:
