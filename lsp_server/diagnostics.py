@@ -1,9 +1,10 @@
 """Syntax diagnostics: tree-sitter ERROR and MISSING nodes and unbalanced brackets, published per document.
 
 Publishing is debounced: each change of a document restarts its timer, and the document is checked only once the
-user has paused for `diagnostics.debounceMs`. The check runs on a thread of its own (a 5 MB file takes a second to
-parse), never on the event loop and never behind a model job; a result for a version that has since changed is
-dropped. Only languages with a tree-sitter grammar get diagnostics: elsewhere the lexical bracket check alone would
+user has paused for `diagnostics.debounceMs`. The check runs on a thread of its own (a 5 MB file takes a second or
+more to parse the first time; a later version of a large document is parsed incrementally from the one before, a
+few hundred ms), never on the event loop and never behind a model job; a result for a version that has since
+changed is dropped. Only languages with a tree-sitter grammar get diagnostics: elsewhere the lexical bracket check alone would
 flag text that is not code (a list item "1)" in Markdown).
 """
 
