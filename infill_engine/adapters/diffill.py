@@ -13,16 +13,17 @@ from dataclasses import dataclass
 import torch
 
 from infill_engine.adapters.base import ContextArgs, Denoiser, EncodedContext, MergedRows
-from infill_engine.diffill_model.modeling_diffill import DiffillContextCache
+from infill_engine.diffill_model.modeling_diffill import DiffillContextCache, DiffillDenoisingPlan
 
 
-@dataclass(frozen=True)
+@dataclass
 class _CanvasOf:
     """What `predict` needs of an encoded (or merged) context."""
 
     cache: DiffillContextCache  # keys and values of the context (batch 1, or one row per canvas when merged)
     positions: torch.Tensor  # (1, N) or (B, N) position ids of the canvas
     known: torch.Tensor | None = None  # (B, N) True at real canvas positions when canvases are padded; None: all
+    plan: DiffillDenoisingPlan | None = None  # the last canvas shape's, made by the first step of that shape
 
 
 class DiffillDenoiser(Denoiser):
@@ -98,8 +99,10 @@ class DiffillDenoiser(Denoiser):
     ) -> torch.Tensor:
         """Logits (B, N, V) of the canvas against the cached context."""
         state: _CanvasOf = context.state
-        positions = state.positions.expand(canvas.shape[0], -1)  # (B, N)
-        return self.model.denoise(canvas, positions, state.cache, state.known).float()
+        if state.plan is None or state.plan.shape != canvas.shape:  # once per fill: the steps share it
+            positions = state.positions.expand(canvas.shape[0], -1)  # (B, N)
+            state.plan = self.model.plan_denoising(positions, state.cache, state.known)
+        return self.model.denoise_planned(canvas, state.plan).float()
 
     def _encoded(self, args: ContextArgs, cache: DiffillContextCache) -> EncodedContext:
         prefix_length = len(args.prefix_ids)

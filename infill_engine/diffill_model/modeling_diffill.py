@@ -53,22 +53,62 @@ class DiffillContextCache:
         return self.keys[0].shape[2]
 
 
+@dataclass
+class DiffillDenoisingPlan:
+    """What every denoising step of one canvas batch against one context shares, computed once per fill.
+
+    Each layer's keys and values live in one buffer per layer, the context's copied into its head once; each step
+    writes the canvas's into its tail and attends to the whole buffer, instead of concatenating the context's with
+    the canvas's at every layer and step. A step overwrites the tail: one step at a time per plan."""
+
+    cache: DiffillContextCache  # the encoded context (its hidden states and positions, for shift_logits)
+    positions: torch.LongTensor  # (B, N) position ids of the canvas
+    cos: torch.Tensor  # (B, N, 1, D) rotary cosines at the canvas positions
+    sin: torch.Tensor  # (B, N, 1, D) rotary signed sines
+    attn_mask: torch.Tensor | None  # (B, 1, N, C + N) True where attended; None when nothing is padded
+    keys: tuple[torch.Tensor, ...]  # one (B, Hkv, C + N, D) per layer: the context's keys, then the canvas's
+    values: tuple[torch.Tensor, ...]  # one (B, Hkv, C + N, D) per layer
+
+    @property
+    def shape(self) -> torch.Size:
+        """(B, N): the canvas batch this plan serves."""
+        return self.positions.shape
+
+
+def _kv_buffers(
+    cache: DiffillContextCache, batch: int, length: int
+) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+    """Per layer, keys and values buffers (batch, Hkv, C + length, D) holding the cache's in the first C positions."""
+
+    def buffer(context: torch.Tensor) -> torch.Tensor:
+        B, H, C, D = context.shape
+        out = context.new_empty(batch, H, C + length, D)
+        out[:, :, :C] = context  # a batch-1 context is broadcast over the rows
+        return out
+
+    return tuple(buffer(k) for k in cache.keys), tuple(buffer(v) for v in cache.values)
+
+
 def rotary_cos_sin(
     positions: torch.LongTensor, head_dim: int, theta: float, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Cosines and sines of the rotary angles at explicit positions, each (B, 1, T, D)."""
+    """Cosines and signed sines (first half negated) of the rotary angles at explicit positions, each (B, T, 1, D)."""
     exponents = torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim
     inv_freq = theta**-exponents  # (D/2,)
     # Angles in float32: in bfloat16 a position like 1000 is not even representable exactly.
     angles = positions[..., None].to(torch.float32) * inv_freq  # (B, T, D/2)
-    angles = torch.cat([angles, angles], dim=-1)[:, None]  # (B, 1, T, D)
-    return angles.cos().to(dtype), angles.sin().to(dtype)
+    cos, sin = angles.cos(), angles.sin()
+    cos = torch.cat([cos, cos], dim=-1)[:, :, None]  # (B, T, 1, D)
+    sin = torch.cat([-sin, sin], dim=-1)[:, :, None]  # (B, T, 1, D), so that apply_rotary needs no negation
+    return cos.to(dtype), sin.to(dtype)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate each (first half, second half) pair of the head dimension by the position's angles."""
-    x1, x2 = x.chunk(2, dim=-1)  # each (B, H, T, D/2)
-    return x * cos + torch.cat([-x2, x1], dim=-1) * sin  # (B, H, T, D)
+    """Rotate each (first half, second half) pair of the head dimension of x (B, T, heads, D) by its position's angles.
+
+    The same numbers as x * cos + cat(-x2, x1) * sin, bit for bit, in four operators instead of six (the sign is in
+    `sin`; rolling by half the head swaps the halves)."""
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin  # (B, T, heads, D)
 
 
 def infilling_attention_mask(
@@ -143,22 +183,26 @@ class DiffillAttention(nn.Module):
         cos: torch.Tensor,
         sin: torch.Tensor,
         attn_mask: torch.Tensor | None,
-        context_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
+        kv_buffer: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Attention output (B, T, E), and the keys and values attended (B, Hkv, C + T, D): the cached context's, if
-        any, followed by x's own, for caching."""
+        """Attention output (B, T, E), and the keys and values attended (B, Hkv, L, D), for caching.
+
+        Without `kv_buffer` x attends to itself (L = T). With it (keys, values, each (B, Hkv, C + T, D) holding a
+        cached context's in the first C positions), x's own keys and values are written into the last T positions
+        and x attends to the whole buffer (L = C + T): no copy of the context per call."""
         B, T, E = x.shape
-        kv_width = self.num_kv_heads * self.head_dim
-        q, k, v = self.qkv_proj(x).split([E, kv_width, kv_width], dim=-1)  # (B, T, E), (B, T, Hkv D) twice
-        q = q.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
-        k, v = (t.view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2) for t in (k, v))  # (B, Hkv, T, D)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        heads, kv_heads = self.num_heads, self.num_kv_heads
+        qkv = self.qkv_proj(x).view(B, T, heads + 2 * kv_heads, self.head_dim)  # q heads, k heads, v heads
+        qk = apply_rotary(qkv[:, :, : heads + kv_heads], cos, sin)  # (B, T, H + Hkv, D): q and k in one go
+        q = qk[:, :, :heads].transpose(1, 2)  # (B, H, T, D)
+        k = qk[:, :, heads:].transpose(1, 2)  # (B, Hkv, T, D)
+        v = qkv[:, :, heads + kv_heads :].transpose(1, 2)  # (B, Hkv, T, D)
         keys, values = k, v
-        if context_kv is not None:
-            context_k, context_v = context_kv  # each (B or 1, H, C, D); a batch-1 context is expanded, not copied
-            keys = torch.cat([context_k.expand(B, -1, -1, -1), k], dim=2)  # (B, H, C + T, D)
-            values = torch.cat([context_v.expand(B, -1, -1, -1), v], dim=2)  # (B, H, C + T, D)
-        grouped = self.num_kv_heads != self.num_heads  # each key/value head serves H / Hkv query heads
+        if kv_buffer is not None:
+            keys, values = kv_buffer
+            keys[:, :, -T:] = k
+            values[:, :, -T:] = v
+        grouped = kv_heads != heads  # each key/value head serves H / Hkv query heads
         y = F.scaled_dot_product_attention(q, keys, values, attn_mask=attn_mask, enable_gqa=grouped)  # (B, H, T, D)
         y = y.transpose(1, 2).reshape(B, T, E)  # (B, T, E)
         return self.o_proj(y), keys, values
@@ -195,10 +239,10 @@ class DiffillBlock(GradientCheckpointingLayer):
         cos: torch.Tensor,
         sin: torch.Tensor,
         attn_mask: torch.Tensor | None,
-        context_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
+        kv_buffer: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """New hidden states (B, T, E), and this layer's keys and values attended (B, H, C + T, D) (see attention)."""
-        attn_out, k, v = self.attn(self.attn_norm(x), cos, sin, attn_mask, context_kv)
+        """New hidden states (B, T, E), and this layer's keys and values attended (B, Hkv, L, D) (see attention)."""
+        attn_out, k, v = self.attn(self.attn_norm(x), cos, sin, attn_mask, kv_buffer)
         x = x + attn_out
         x = x + self.mlp(self.mlp_norm(x))
         return x, k, v
@@ -265,7 +309,7 @@ class DiffillForInfilling(DiffillPreTrainedModel):
     ) -> DiffillContextCache:
         """Run the layers over the context alone; context_padding_mask is True at real tokens, False at padding."""
         x = self.embed_tokens(context_ids)  # (B, C, E)
-        cos, sin = self._rotary(context_positions, x.dtype)  # each (B, 1, C, D)
+        cos, sin = self._rotary(context_positions, x.dtype)  # each (B, C, 1, D)
         attn_mask = None
         padded = context_padding_mask is not None and not bool(context_padding_mask.all())
         context_padding_mask = context_padding_mask.bool() if padded else None
@@ -276,13 +320,41 @@ class DiffillForInfilling(DiffillPreTrainedModel):
         keys, values = [], []
         for block in self.layers:
             x, k, v = block(x, cos, sin, attn_mask)
-            keys.append(k)
-            values.append(v.contiguous())  # v is a view into the fused qkv output; keep only its own storage
+            keys.append(k.contiguous())  # k and v are views into per-layer outputs (q's too): keep only their own
+            values.append(v.contiguous())
         cache = DiffillContextCache(keys=tuple(keys), values=tuple(values), padding_mask=context_padding_mask)
         if self.config.shift_logits:  # the context token before the canvas predicts its first position
             cache.hidden, cache.positions = x, context_positions.expand_as(context_ids)
         # Otherwise the context's last-layer output is never used: canvas logits only read the cached keys and values.
         return cache
+
+    @torch.no_grad()
+    def plan_denoising(
+        self,
+        canvas_positions: torch.LongTensor,
+        cache: DiffillContextCache,
+        canvas_padding_mask: torch.Tensor | None = None,
+    ) -> DiffillDenoisingPlan:
+        """What every denoising step of a (B, N) canvas batch against `cache` shares, computed once per fill.
+
+        `canvas_padding_mask` (B, N), True at real canvas tokens, lets canvases of different lengths share a batch
+        (each row right-padded to N); nobody attends a padding position and its logits are meaningless."""
+        B, N = canvas_positions.shape
+        if cache.batch_size not in (1, B):
+            raise ValueError(f"a context cache of batch {cache.batch_size} cannot serve a canvas batch of {B}")
+        device = canvas_positions.device
+        cos, sin = self._rotary(canvas_positions, cache.keys[0].dtype)  # each (B, N, 1, D)
+        attn_mask = None
+        if cache.padding_mask is not None or canvas_padding_mask is not None:
+            context_known = cache.padding_mask if cache.padding_mask is not None else torch.ones(
+                cache.batch_size, cache.length, dtype=torch.bool, device=device)
+            context_keys = context_known[:, None, None, :].expand(B, 1, N, cache.length)  # (B, 1, N, C)
+            canvas_known = canvas_padding_mask.bool() if canvas_padding_mask is not None else torch.ones(
+                B, N, dtype=torch.bool, device=device)
+            canvas_keys = canvas_known[:, None, None, :].expand(B, 1, N, N)  # (B, 1, N, N)
+            attn_mask = torch.cat([context_keys, canvas_keys], dim=-1)  # (B, 1, N, C + N)
+        keys, values = _kv_buffers(cache, B, N)
+        return DiffillDenoisingPlan(cache, canvas_positions, cos, sin, attn_mask, keys, values)
 
     @torch.no_grad()
     def denoise(
@@ -294,26 +366,22 @@ class DiffillForInfilling(DiffillPreTrainedModel):
     ) -> torch.Tensor:
         """Logits (B, N, V) for the canvas given an encoded context; a batch-1 cache serves any canvas batch.
 
-        `canvas_padding_mask` (B, N), True at real canvas tokens, lets canvases of different lengths share a batch
-        (each row right-padded to N); nobody attends a padding position and its logits are meaningless."""
-        B, N = canvas_ids.shape
-        if cache.batch_size not in (1, B):
-            raise ValueError(f"a context cache of batch {cache.batch_size} cannot serve a canvas batch of {B}")
+        One step on its own: a denoising loop plans once (`plan_denoising`) and calls `denoise_planned` per step.
+        `canvas_padding_mask` as in `plan_denoising`."""
+        positions = canvas_positions.expand(canvas_ids.shape[0], -1)  # (B, N)
+        return self.denoise_planned(canvas_ids, self.plan_denoising(positions, cache, canvas_padding_mask))
+
+    @torch.no_grad()
+    def denoise_planned(self, canvas_ids: torch.LongTensor, plan: DiffillDenoisingPlan) -> torch.Tensor:
+        """Logits (B, N, V) for the canvas, one denoising step of a plan (which it writes the canvas's keys into)."""
+        if canvas_ids.shape != plan.positions.shape:
+            raise ValueError(f"a plan for canvases {tuple(plan.positions.shape)} got {tuple(canvas_ids.shape)}")
         x = self.embed_tokens(canvas_ids)  # (B, N, E)
-        cos, sin = self._rotary(canvas_positions, x.dtype)  # each (B, 1, N, D)
-        attn_mask = None
-        if cache.padding_mask is not None or canvas_padding_mask is not None:
-            context_known = cache.padding_mask if cache.padding_mask is not None else torch.ones(
-                cache.batch_size, cache.length, dtype=torch.bool, device=canvas_ids.device)
-            context_keys = context_known[:, None, None, :].expand(B, 1, N, cache.length)  # (B, 1, N, C)
-            canvas_known = canvas_padding_mask.bool() if canvas_padding_mask is not None else torch.ones(
-                B, N, dtype=torch.bool, device=canvas_ids.device)
-            canvas_keys = canvas_known[:, None, None, :].expand(B, 1, N, N)  # (B, 1, N, N)
-            attn_mask = torch.cat([context_keys, canvas_keys], dim=-1)  # (B, 1, N, C + N)
-        for block, context_k, context_v in zip(self.layers, cache.keys, cache.values):
-            x, _, _ = block(x, cos, sin, attn_mask, (context_k, context_v))
+        for block, keys, values in zip(self.layers, plan.keys, plan.values):
+            x, _, _ = block(x, plan.cos, plan.sin, plan.attn_mask, (keys, values))
         if self.config.shift_logits:
-            x = torch.cat([self._state_before_canvas(x, canvas_positions, cache), x[:, :-1]], dim=1)  # (B, N, E)
+            before = self._state_before_canvas(x, plan.positions, plan.cache)  # (B, 1, E)
+            x = torch.cat([before, x[:, :-1]], dim=1)  # (B, N, E)
         return self.lm_head(self.norm(x))  # (B, N, V)
 
     @torch.no_grad()
@@ -327,7 +395,7 @@ class DiffillForInfilling(DiffillPreTrainedModel):
             raise ValueError("extend_context needs a causal_context model: earlier context tokens would see the new")
         B, T = ids.shape
         x = self.embed_tokens(ids)  # (B, T, E)
-        cos, sin = self._rotary(positions, x.dtype)  # each (B, 1, T, D)
+        cos, sin = self._rotary(positions, x.dtype)  # each (B, T, 1, D)
         attn_mask = None
         if T > 1 or cache.padding_mask is not None:
             known = cache.padding_mask if cache.padding_mask is not None else torch.ones(
@@ -335,11 +403,9 @@ class DiffillForInfilling(DiffillPreTrainedModel):
             context_keys = known[:, None, None, :].expand(B, 1, T, cache.length)  # (B, 1, T, C)
             new_keys = torch.ones(T, T, dtype=torch.bool, device=ids.device).tril().expand(B, 1, T, T)
             attn_mask = torch.cat([context_keys, new_keys], dim=-1)  # (B, 1, T, C + T)
-        keys, values = [], []
-        for block, context_k, context_v in zip(self.layers, cache.keys, cache.values):
-            x, k, v = block(x, cos, sin, attn_mask, (context_k, context_v))  # k, v: the context's, then the new
-            keys.append(k)  # (B, H, C + T, D)
-            values.append(v)  # (B, H, C + T, D)
+        keys, values = _kv_buffers(cache, B, T)  # each layer's (B, Hkv, C + T, D): the context's, then the new
+        for block, layer_keys, layer_values in zip(self.layers, keys, values):
+            x, _, _ = block(x, cos, sin, attn_mask, (layer_keys, layer_values))
         padding_mask = None
         if cache.padding_mask is not None:
             padding_mask = torch.cat([cache.padding_mask.expand(B, -1), torch.ones_like(ids, dtype=torch.bool)], 1)
@@ -403,7 +469,7 @@ class DiffillForInfilling(DiffillPreTrainedModel):
         if position_ids is None:
             position_ids = torch.arange(T, device=input_ids.device).expand(B, T)
         x = self.embed_tokens(input_ids)  # (B, T, E)
-        cos, sin = self._rotary(position_ids, x.dtype)  # each (B, 1, T, D)
+        cos, sin = self._rotary(position_ids, x.dtype)  # each (B, T, 1, D)
         attn_mask = None  # plain bidirectional attention
         if canvas_mask is not None or attention_mask is not None:
             everywhere = torch.ones_like(input_ids, dtype=torch.bool)
@@ -441,6 +507,7 @@ class DiffillForInfilling(DiffillPreTrainedModel):
 __all__ = [
     "certainty_loss",
     "DiffillContextCache",
+    "DiffillDenoisingPlan",
     "DiffillForInfilling",
     "DiffillPreTrainedModel",
     "infilling_attention_mask",
