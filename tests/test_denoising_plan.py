@@ -1,0 +1,96 @@
+"""The embedded model's cheaper denoising steps (issue 12) give the same fills: the rotary embedding in fewer
+operators is the rotate-half formula bit for bit, the steps of one plan (a keys/values buffer written in place each
+step) do not leak into each other or into the context's cache, and greedy fills through the planned steps are those
+of the plain training-style forward pass over the whole sequence."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from infill_engine.adapters.diffill import DiffillDenoiser
+from infill_engine.diffill_model.modeling_diffill import apply_rotary, rotary_cos_sin
+from infill_engine.engine import InfillEngine
+from infill_engine.interface import ModelSpec
+from infill_engine.request import InfillRequest
+from tests import tiny_models
+from tests.test_diffill_model import full_forward_canvas_logits, make_request, model  # noqa: F401 - fixture
+
+
+def rotate_half_reference(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """x (B, H, T, D) rotated the textbook way: x * cos + cat(-x2, x1) * sin, angles repeated over both halves."""
+    D = x.shape[-1]
+    inv_freq = theta ** -(torch.arange(0, D, 2, dtype=torch.float32) / D)
+    angles = positions[..., None].float() * inv_freq
+    angles = torch.cat([angles, angles], dim=-1)[:, None]  # (B, 1, T, D)
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * angles.cos() + torch.cat([-x2, x1], dim=-1) * angles.sin()
+
+
+def test_rotary_in_fewer_operators_is_the_rotate_half_formula_bit_for_bit() -> None:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 9, 16, generator=g)  # (B, H, T, D)
+    positions = torch.randint(0, 1000, (2, 9), generator=g)
+    cos, sin = rotary_cos_sin(positions, 16, 10_000.0, torch.float32)  # (B, T, 1, D)
+    rotated = apply_rotary(x.transpose(1, 2), cos, sin).transpose(1, 2)
+    assert torch.equal(rotated, rotate_half_reference(x, positions, 10_000.0))
+
+
+def test_steps_of_one_plan_leak_nothing_into_the_next_step_or_the_context_cache(model) -> None:  # noqa: F811
+    request = make_request(batch=2, prefix=7, canvas=5, suffix=4)
+    cache = model.encode_context(request["context_ids"], request["context_positions"])
+    keys_before = [k.clone() for k in cache.keys]
+    plan = model.plan_denoising(request["canvas_positions"], cache)
+    other = torch.flip(request["canvas_ids"], dims=[1])
+    first = model.denoise_planned(request["canvas_ids"], plan)
+    between = model.denoise_planned(other, plan)
+    again = model.denoise_planned(request["canvas_ids"], plan)
+    assert torch.equal(first, again)
+    assert torch.equal(between, model.denoise(other, request["canvas_positions"], cache))
+    assert all(torch.equal(k, before) for k, before in zip(cache.keys, keys_before))
+    torch.testing.assert_close(first, full_forward_canvas_logits(model, request), atol=1e-5, rtol=0)
+
+
+def test_a_plan_refuses_a_canvas_of_another_shape(model) -> None:  # noqa: F811
+    request = make_request(batch=1, prefix=4, canvas=5, suffix=2)
+    cache = model.encode_context(request["context_ids"], request["context_positions"])
+    plan = model.plan_denoising(request["canvas_positions"], cache)
+    with pytest.raises(ValueError, match="a plan for canvases"):
+        model.denoise_planned(request["canvas_ids"][:, :3], plan)
+
+
+class WholeSequenceDenoiser(DiffillDenoiser):
+    """The reference: every step one training-style pass over prefix, canvas and suffix (no cache, no plan)."""
+
+    @torch.no_grad()
+    def predict(self, context, canvas, self_conditioning=None):  # noqa: ANN001, ANN201
+        B, N = canvas.shape
+        prefix = torch.tensor(context.prefix_ids, dtype=torch.long)
+        suffix = torch.tensor(context.suffix_ids, dtype=torch.long)
+        ids = torch.cat([prefix.expand(B, -1), canvas, suffix.expand(B, -1)], dim=1)  # (B, P + N + S)
+        canvas_mask = torch.zeros_like(ids, dtype=torch.bool)
+        canvas_mask[:, len(prefix) : len(prefix) + N] = True
+        logits = self.model(input_ids=ids, canvas_mask=canvas_mask).logits  # positions 0..T-1: the same layout
+        return logits[:, len(prefix) : len(prefix) + N].float()
+
+
+@pytest.mark.parametrize("candidates", [1, 2])
+def test_greedy_fills_through_planned_steps_are_those_of_the_whole_sequence_pass(tmp_path, candidates) -> None:
+    engine = InfillEngine.load(ModelSpec(path=str(tiny_models.build_diffill(tmp_path / "diffill"))))
+    denoiser = engine.denoiser
+    reference = engine.with_denoiser(WholeSequenceDenoiser(denoiser.model, denoiser.tokenizer, denoiser.special,
+                                                           denoiser.path))
+    requests = [
+        InfillRequest("def add(a, b):\n    return ", "\n", language="python", max_tokens=8, candidates=candidates),
+        InfillRequest("for i in range(10):\n    print(", ")\n", language="python", max_tokens=12,
+                      candidates=candidates, single_line=True),
+    ]
+    for request in requests:
+        planned, whole = engine.fill(request), reference.fill(request)
+        assert texts(planned) == texts(whole)
+        assert planned.stats.forward_passes == whole.stats.forward_passes
+
+
+def texts(result) -> tuple[list[str], list[str]]:
+    """Every candidate's text, shown or rejected by the syntax gate (a random tiny model's are rejected)."""
+    return [c.text for c in result.candidates], [c.text for c in result.rejected]
