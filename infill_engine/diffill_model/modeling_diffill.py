@@ -11,7 +11,9 @@ passed in any order. The attention rule:
 Because the context never sees the canvas, its per-layer keys and values do not change while the canvas is denoised.
 `encode_context` computes them once; each `denoise` step then runs the layers over the canvas positions only, the
 canvas queries attending to the cached context keys followed by the canvas keys. This is exact, not an approximate
-cache. `forward` applies the same rule to a whole sequence in one pass, for training, and gives the same logits.
+cache. What the steps of a fill share (the canvas's rotary angles, the attention mask, per layer a keys/values buffer
+with the context's in its head and room for the canvas's) is computed once per fill by `plan_denoising`; each
+`denoise_planned` step writes the canvas's keys and values into the buffers' tails. `forward` applies the same rule to a whole sequence in one pass, for training, and gives the same logits.
 
 Shapes: B batch, T sequence, C context length, N canvas length, E hidden width, H heads, D head size, V vocabulary.
 """
