@@ -74,9 +74,13 @@ class WholeSequenceDenoiser(DiffillDenoiser):
         return logits[:, len(prefix) : len(prefix) + N].float()
 
 
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory) -> InfillEngine:
+    return InfillEngine.load(ModelSpec(path=str(tiny_models.build_diffill(tmp_path_factory.mktemp("diffill")))))
+
+
 @pytest.mark.parametrize("candidates", [1, 2])
-def test_greedy_fills_through_planned_steps_are_those_of_the_whole_sequence_pass(tmp_path, candidates) -> None:
-    engine = InfillEngine.load(ModelSpec(path=str(tiny_models.build_diffill(tmp_path / "diffill"))))
+def test_greedy_fills_through_planned_steps_are_those_of_the_whole_sequence_pass(engine, candidates) -> None:
     denoiser = engine.denoiser
     reference = engine.with_denoiser(WholeSequenceDenoiser(denoiser.model, denoiser.tokenizer, denoiser.special,
                                                            denoiser.path))
