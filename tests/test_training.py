@@ -656,5 +656,6 @@ def test_held_out_tool_puts_a_checkpoint_on_its_runs_own_curve(prepared_run: Pat
     assert held_out_main(["--run-dir", str(run_dir), str(result.checkpoint), "--json", str(tmp_path / "h.json")]) == 0
     rows = json.loads((tmp_path / "h.json").read_text())
     assert rows[0]["held_out_loss"] == pytest.approx(result.eval_loss, abs=1e-3)
+    assert 0.0 <= rows[0]["sure"] <= 1.0  # the share of masked positions the sampler's threshold would commit
     assert held_out_main(["--run-dir", str(tmp_path), str(result.checkpoint)]) == 2
     assert "not a training run directory" in capsys.readouterr().err

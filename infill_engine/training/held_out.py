@@ -4,7 +4,9 @@
 
 The batches are the ones the run evaluates on while it trains (its held-out files, its seed, one hole per window
 laid out as served), so a checkpoint of another run, the shipped model or an exported directory gets numbers that
-sit on the run's own curve. Loss is the span's masked-diffusion loss alone; accuracy is at masked middle positions.
+sit on the run's own curve. Loss is the span's masked-diffusion loss alone; accuracy is at masked middle positions;
+"sure" is the share of those positions whose top probability reaches the sampler's commit threshold (0.9), which is
+what certainty forcing raises (docs/MODEL.md, "Fewer steps").
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 import torch
 
 EVAL_SEED_OFFSET = 1_000_003  # the held-out stream's seed is the run's seed plus this
+COMMIT_THRESHOLD = 0.9  # the sampler's default threshold (SamplerConfig.threshold)
 
 
 def held_out_batches(documents: list[Any], tokenizer: Any, objective: Any, seed: int, batch_size: int, count: int,
@@ -69,8 +72,27 @@ def measure(model_dirs: list[Path], run_dir: Path) -> list[dict[str, Any]]:
             raise ValueError(f"{model_dir} has a vocabulary of {model.config.vocab_size} tokens, the run's tokenizer "
                              f"{len(tokenizer)}: they do not share a tokenizer, so the loss would not compare")
         loss, accuracy = evaluate(model, batches, torch.device("cpu"), tokens)
-        rows.append({"model": str(model_dir), "held_out_loss": round(loss, 4), "accuracy": round(accuracy, 4)})
+        rows.append({"model": str(model_dir), "held_out_loss": round(loss, 4), "accuracy": round(accuracy, 4),
+                     "sure": round(sure_share(model, batches, tokens), 4)})
     return rows
+
+
+@torch.no_grad()
+def sure_share(model: Any, batches: list[dict[str, torch.Tensor]], tokens: Any) -> float:
+    """Share of masked middle positions whose top probability reaches the commit threshold."""
+    from infill_engine.diffill_model.modeling_diffill import IGNORE_INDEX
+
+    sure, masked = 0, 0
+    model.eval()
+    for batch in batches:
+        inputs = {k: v for k, v in batch.items() if k != "next_token_labels"}
+        logits = model(**inputs).logits
+        labels = batch["labels"]
+        at_mask = (batch["input_ids"] == tokens.mask_id) & (labels != IGNORE_INDEX) & (labels != tokens.end_of_span_id)
+        top = torch.softmax(logits[at_mask].float(), dim=-1).amax(dim=-1)
+        sure += int((top >= COMMIT_THRESHOLD).sum())
+        masked += int(at_mask.sum())
+    return sure / max(masked, 1)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"held_out: {error}", file=sys.stderr)
         return 2
     for row in rows:
-        print(f"{row['held_out_loss']:.4f}  {100 * row['accuracy']:5.1f} %  {row['model']}")
+        print(f"loss {row['held_out_loss']:.4f}  accuracy {100 * row['accuracy']:5.1f} %  "
+              f"sure {100 * row['sure']:5.1f} %  {row['model']}")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
     return 0

@@ -94,10 +94,13 @@ def plot_comparison(
         right.axhline(score, color="#555", linestyle="-.", linewidth=1, label=f"{name}: pass@1 (%)")
     axis.set_xlabel("training tokens (millions)")
     axis.set_ylabel("held-out span loss (nats, 1/t-weighted)")
-    right.set_ylabel("HumanEval single-line pass@1 (%)")
     axis.grid(alpha=0.3)
     axis.legend(loc="upper left", fontsize=7)
-    right.legend(loc="upper right", fontsize=7)
+    if any(pass_at_1.values()) or reference is not None:
+        right.set_ylabel("HumanEval single-line pass@1 (%)")
+        right.legend(loc="upper right", fontsize=7)
+    else:  # losses only: no empty pass@1 axis
+        right.set_axis_off()
     axis.set_title(title or "objectives at equal training tokens")
     figure.tight_layout()
     figure.savefig(png_path)
