@@ -610,25 +610,12 @@ def test_certainty_loss_is_the_entropy_of_the_right_predictions_only() -> None:
     assert nothing_right.item() == 0.0
 
 
-def iter_held_out_batches(run_dir: Path, source_dir: Path):
-    """Batches of the run's held-out documents laid out as served (one hole per window)."""
-    from transformers import AutoTokenizer
-
-    from infill_engine.training.example_stream import ExampleStream
-
-    corpus = read_corpus(run_dir)
-    config = tiny_config(run_dir, source_dir, seq_len=96).resolved()
-    stream = ExampleStream(corpus.split("eval") or corpus.split("train"), AutoTokenizer.from_pretrained(
-        run_dir / "tokenizer"), config.objective, seed=5)
-    while True:
-        yield stream.batch(16)
-
-
 def test_certainty_forcing_makes_the_model_surer_where_it_is_right(prepared_run: Path, source_dir: Path,
                                                                    tmp_path: Path) -> None:
     # the same run with and without the term: with it, the masked positions the model gets right end up with a
     # lower entropy, which is what lets the sampler's threshold commit several positions per step
     from infill_engine.diffill_model.modeling_diffill import certainty_loss
+    from infill_engine.training.held_out import run_batches
 
     entropies = []
     for weight in (0.0, 5.0):
@@ -636,7 +623,7 @@ def test_certainty_forcing_makes_the_model_surer_where_it_is_right(prepared_run:
         result = train(tiny_config(run_dir, source_dir, steps=30, checkpoint_every=30, eval_every=30, seq_len=96,
                                    lr=1e-2, certainty_weight=weight))
         model = DiffillForInfilling.from_pretrained(result.checkpoint).eval()
-        batch = next(iter_held_out_batches(run_dir, source_dir))
+        batch = run_batches(run_dir, batch_size=16, count=1)[0][0]
         with torch.no_grad():
             logits = model(**{k: v for k, v in batch.items() if k not in ("labels", "loss_weights",
                                                                           "next_token_labels")}).logits

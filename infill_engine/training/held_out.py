@@ -35,8 +35,10 @@ def held_out_batches(documents: list[Any], tokenizer: Any, objective: Any, seed:
     return [stream.batch(batch_size) for _ in range(count)]
 
 
-def run_batches(run_dir: Path) -> tuple[list[dict[str, torch.Tensor]], Any]:
-    """A run directory's held-out batches and tokenizer, rebuilt from its run_config.json, corpus and tokenizer."""
+def run_batches(run_dir: Path, batch_size: int | None = None, count: int | None = None
+                ) -> tuple[list[dict[str, torch.Tensor]], Any]:
+    """A run directory's held-out batches and tokenizer, rebuilt from its run_config.json, corpus and tokenizer
+    (`batch_size` and `count` default to the run's own)."""
     from transformers import AutoTokenizer
 
     from infill_engine.training.corpus import read_corpus
@@ -52,8 +54,8 @@ def run_batches(run_dir: Path) -> tuple[list[dict[str, torch.Tensor]], Any]:
     tokenizer = AutoTokenizer.from_pretrained(run_dir / "tokenizer")
     objective = ObjectiveConfig(**config["objective"])
     documents = corpus.split("eval") or corpus.split("train")
-    batches = held_out_batches(documents, tokenizer, objective, config["seed"], config["batch_size"],
-                               config["eval_batches"])
+    batches = held_out_batches(documents, tokenizer, objective, config["seed"], batch_size or config["batch_size"],
+                               count or config["eval_batches"])
     return batches, tokenizer
 
 
@@ -71,28 +73,10 @@ def measure(model_dirs: list[Path], run_dir: Path) -> list[dict[str, Any]]:
         if model.config.vocab_size != len(tokenizer):
             raise ValueError(f"{model_dir} has a vocabulary of {model.config.vocab_size} tokens, the run's tokenizer "
                              f"{len(tokenizer)}: they do not share a tokenizer, so the loss would not compare")
-        loss, accuracy = evaluate(model, batches, torch.device("cpu"), tokens)
+        loss, accuracy, sure = evaluate(model, batches, torch.device("cpu"), tokens)
         rows.append({"model": str(model_dir), "held_out_loss": round(loss, 4), "accuracy": round(accuracy, 4),
-                     "sure": round(sure_share(model, batches, tokens), 4)})
+                     "sure": round(sure, 4)})
     return rows
-
-
-@torch.no_grad()
-def sure_share(model: Any, batches: list[dict[str, torch.Tensor]], tokens: Any) -> float:
-    """Share of masked middle positions whose top probability reaches the commit threshold."""
-    from infill_engine.diffill_model.modeling_diffill import IGNORE_INDEX
-
-    sure, masked = 0, 0
-    model.eval()
-    for batch in batches:
-        inputs = {k: v for k, v in batch.items() if k != "next_token_labels"}
-        logits = model(**inputs).logits
-        labels = batch["labels"]
-        at_mask = (batch["input_ids"] == tokens.mask_id) & (labels != IGNORE_INDEX) & (labels != tokens.end_of_span_id)
-        top = torch.softmax(logits[at_mask].float(), dim=-1).amax(dim=-1)
-        sure += int((top >= COMMIT_THRESHOLD).sum())
-        masked += int(at_mask.sum())
-    return sure / max(masked, 1)
 
 
 def main(argv: list[str] | None = None) -> int:

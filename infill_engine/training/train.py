@@ -34,7 +34,7 @@ from infill_engine.training.checkpoints import (
 from infill_engine.training.config import PRESETS, TrainConfig
 from infill_engine.training.corpus import Document
 from infill_engine.training.example_stream import ExampleStream
-from infill_engine.training.held_out import held_out_batches
+from infill_engine.training.held_out import COMMIT_THRESHOLD, held_out_batches
 from infill_engine.training.loss_log import LOG_FILE, append_log, truncate_log
 from infill_engine.training.objective import SpanTokens
 from infill_engine.training.run_directory import build_model, prepare_run, prepare_start
@@ -107,14 +107,15 @@ def make_optimizer(model: torch.nn.Module, config: TrainConfig, device: torch.de
 @torch.no_grad()
 def evaluate(
     model: DiffillForInfilling, batches: list[dict[str, torch.Tensor]], device: torch.device, tokens: SpanTokens
-) -> tuple[float, float]:
-    """Mean loss over fixed held-out batches, and the accuracy at masked positions of the middle (not end-of-span).
+) -> tuple[float, float, float]:
+    """Mean loss over fixed held-out batches, the accuracy at masked positions of the middle (not end-of-span), and the
+    share of those positions whose top probability reaches the sampler's commit threshold ("sure").
 
     For the autoregressive twin: its next-token loss and accuracy at every position (not comparable with the span's).
     """
     was_training = model.training
     model.eval()
-    losses, correct, masked = [], 0, 0
+    losses, correct, sure, masked = [], 0, 0, 0
     for batch in batches:
         # the span's loss alone, so that span-only and dense runs compare on one scale
         batch = {k: v.to(device) for k, v in batch.items() if k != "next_token_labels"}
@@ -126,9 +127,11 @@ def evaluate(
         if model.config.autoregressive:  # the twin has no masks: its accuracy is next-token accuracy everywhere
             at_mask = labels != IGNORE_INDEX
         correct += int((output.logits.argmax(-1) == labels)[at_mask].sum())
+        top = torch.softmax(output.logits[at_mask].float(), dim=-1).amax(dim=-1)
+        sure += int((top >= COMMIT_THRESHOLD).sum())
         masked += int(at_mask.sum())
     model.train(was_training)
-    return sum(losses) / len(losses), correct / max(masked, 1)
+    return sum(losses) / len(losses), correct / max(masked, 1), sure / max(masked, 1)
 
 
 def _autocast(device: torch.device) -> contextlib.AbstractContextManager:
@@ -363,7 +366,7 @@ def _loop(
             stopped_by = _stop_reason(config, state.step, stop.requested, deadline)
             eval_row: dict[str, str] = {}
             if state.step % config.eval_every == 0 or stopped_by == "steps":
-                eval_loss, accuracy = evaluate(model, eval_batches, device, stream.tokens)
+                eval_loss, accuracy, _ = evaluate(model, eval_batches, device, stream.tokens)
                 state.eval_loss = eval_loss
                 eval_row = {"eval_loss": f"{eval_loss:.4f}", "eval_accuracy": f"{accuracy:.4f}"}
                 logger.info(
