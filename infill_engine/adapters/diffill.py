@@ -4,16 +4,26 @@ Because every token carries an explicit position id and padding is never attende
 encode together as one right-padded batch (`encode_many`), and the canvases of different requests share a forward
 pass against their contexts' keys and values padded to the longest (`merge_contexts`); each row's logits are those
 it gets alone, up to floating-point rounding.
+
+A model that reads its context causally (`causal_context`) also keeps the encoded heads of recent prefixes
+(`PrefixCache`): the next request, typically the same prefix one keystroke longer, reuses the keys and values of the
+head it shares and encodes only its new tail and the suffix (`DiffillForInfilling.extend_context`): the same numbers
+as encoding it all, up to floating-point rounding.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from infill_engine.adapters.base import ContextArgs, Denoiser, EncodedContext, MergedRows
+from infill_engine.special_tokens import SpecialTokens
 from infill_engine.diffill_model.modeling_diffill import DiffillContextCache, DiffillDenoisingPlan
+from infill_engine.prefix_cache import PrefixCache
+
+MIN_REUSED = 16  # prefix tokens a request must share with a cached one for its keys and values to be reused
 
 
 @dataclass
@@ -34,17 +44,53 @@ class DiffillDenoiser(Denoiser):
     block_mode = "restrict"
     batches_contexts = True
 
+    def __init__(self, model: Any, tokenizer: Any, special: SpecialTokens, path: str) -> None:
+        super().__init__(model, tokenizer, special, path)
+        # Only a causal context's prefix positions are independent of what follows them: others encode it all.
+        self.prefixes: PrefixCache[DiffillContextCache] | None = (
+            PrefixCache() if getattr(model.config, "causal_context", False) else None)
+        self.positions_encoded = 0  # context positions run through the model, all requests together
+        self.positions_reused = 0  # context positions whose keys and values came from the prefix cache
+
+    @torch.no_grad()
     def encode(self, prefix_ids: list[int], suffix_ids: list[int], span_length: int, batch_size: int) -> EncodedContext:
-        """Encode prefix and suffix once; positions leave room for the span between them."""
+        """Encode prefix and suffix once; positions leave room for the span between them. The head of the prefix
+        that a recent request shares is not encoded again (causal-context models)."""
         device = self.device
-        context_ids = torch.tensor([list(prefix_ids) + list(suffix_ids)], dtype=torch.long, device=device)  # (1, C)
         positions = _context_positions(len(prefix_ids), len(suffix_ids), span_length, device)[None]  # (1, C)
-        cache = self.model.encode_context(context_ids, positions)
+        shared, head = self._cached_head(prefix_ids)
+        new_ids = torch.tensor([list(prefix_ids[shared:]) + list(suffix_ids)], dtype=torch.long, device=device)
+        if head is None:
+            cache = self.model.encode_context(new_ids, positions)  # (1, C) ids: nothing shared
+        elif new_ids.shape[1] == 0:  # the same prefix again and no suffix: nothing new to encode
+            cache = _head_of(head, shared)
+        else:
+            cache = self.model.extend_context(new_ids, positions[:, shared:], _head_of(head, shared))
+        self.positions_encoded += new_ids.shape[1]
+        self.positions_reused += shared
+        if self.prefixes is not None:
+            self.prefixes.add(prefix_ids, _head_of(cache, len(prefix_ids)))
         return self._encoded(ContextArgs(prefix_ids, suffix_ids, span_length, batch_size), cache)
+
+    def _cached_head(self, prefix_ids: list[int]) -> tuple[int, DiffillContextCache | None]:
+        """The longest cached head of `prefix_ids` worth reusing, and its length; (0, None) when there is none."""
+        if self.prefixes is None:
+            return 0, None
+        shared, head = self.prefixes.longest(prefix_ids)
+        if shared < min(MIN_REUSED, len(prefix_ids)):  # a few shared tokens would not pay for a pass of its own
+            return 0, None
+        return shared, head
 
     @torch.no_grad()
     def encode_many(self, requests: list[ContextArgs]) -> list[EncodedContext]:
         """Encode several contexts in one forward pass, right-padded to the longest; each keeps its own rows."""
+        if self.prefixes is not None:  # a request sharing a cached head is cheaper alone than in the padded pass
+            cached = [index for index, args in enumerate(requests) if self._cached_head(args.prefix_ids)[1] is not None]
+            if cached:
+                fresh = [index for index in range(len(requests)) if index not in cached]
+                encoded = dict(zip(fresh, self.encode_many([requests[index] for index in fresh]) if fresh else []))
+                encoded.update((index, self.encode(*requests[index])) for index in cached)
+                return [encoded[index] for index in range(len(requests))]
         if len(requests) == 1:
             return [self.encode(*requests[0])]
         device = self.device
@@ -60,8 +106,12 @@ class DiffillDenoiser(Denoiser):
                                                          args.span_length, device)
             known[row, :length] = True
         cache = self.model.encode_context(ids, positions, known)
-        return [self._encoded(args, _row_of(cache, row, length, positions))
-                for row, (args, length) in enumerate(zip(requests, lengths))]
+        self.positions_encoded += sum(lengths)
+        rows = [_row_of(cache, row, length, positions) for row, length in enumerate(lengths)]
+        if self.prefixes is not None:
+            for args, row in zip(requests, rows):
+                self.prefixes.add(args.prefix_ids, _head_of(row, len(args.prefix_ids)))
+        return [self._encoded(args, row) for args, row in zip(requests, rows)]
 
     def merge_contexts(self, parts: list[MergedRows]) -> EncodedContext:
         """The contexts' keys and values padded to the longest, one row per canvas; canvases padded likewise."""
@@ -132,6 +182,16 @@ def _row_of(cache: DiffillContextCache, row: int, length: int, positions: torch.
     if cache.hidden is not None:
         single.hidden, single.positions = cache.hidden[row : row + 1, :length], positions[row : row + 1, :length]
     return single
+
+
+def _head_of(cache: DiffillContextCache, length: int) -> DiffillContextCache:
+    """The first `length` context positions of an unpadded cache (views, no copy): the encoding of that head alone,
+    for a causal context."""
+    head = DiffillContextCache(keys=tuple(k[:, :, :length] for k in cache.keys),
+                               values=tuple(v[:, :, :length] for v in cache.values), padding_mask=None)
+    if cache.hidden is not None:
+        head.hidden, head.positions = cache.hidden[:, :length], cache.positions[:, :length]
+    return head
 
 
 def _stack_padded(tensors: list[torch.Tensor], counts: list[int], length: int, fill: float = 0) -> torch.Tensor:
