@@ -183,6 +183,7 @@ class LockstepMember(Denoiser):
         super().__init__(denoiser.model, denoiser.tokenizer, denoiser.special, denoiser.path)
         self.family, self.noise, self.block_mode = denoiser.family, denoiser.noise, denoiser.block_mode
         self.uses_self_conditioning = denoiser.uses_self_conditioning
+        self.reads_partial_canvas = denoiser.reads_partial_canvas
         self.batches_contexts = False  # a member is one fill
         self.inner = denoiser
         self.lockstep = lockstep

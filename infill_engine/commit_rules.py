@@ -62,6 +62,8 @@ def entropy(probs: torch.Tensor) -> torch.Tensor:
 class CommitRule(Protocol):
     """How a step turns predictions into decided positions, and when a block is finished."""
 
+    keeps_committed: bool  # a committed token stays as it is (no rule re-decides it), so a settled end is final
+
     def commit(self, state: CanvasState, prediction: Prediction, active: torch.Tensor, steps_left: int) -> None:
         """Decide, in place, positions of `active` (B, N) from this step's prediction."""
 
@@ -221,6 +223,11 @@ class KeepCommitted:
     stop_at_line_break: bool  # end the span after the first line break of its committed start
     tail_floor: float | None = None  # settle an end-of-span tail at once (see `settle_tail`); None: off
 
+    @property
+    def keeps_committed(self) -> bool:
+        """Committed tokens stay, unless self-correction may re-noise them."""
+        return self.revise_below <= 0
+
     def commit(self, state: CanvasState, prediction: Prediction, active: torch.Tensor, steps_left: int) -> None:
         """Commit the surest free positions, re-noise committed ones the model changed its mind on, settle ends."""
         free = active & ~state.committed & ~state.frozen  # (B, N)
@@ -276,6 +283,7 @@ class EntropyBound:
     denoiser: Denoiser
     generator: torch.Generator
     bound: float  # the summed entropy (nats) of the accepted positions, less the largest one
+    keeps_committed = False  # every step decides every position anew
 
     def commit(self, state: CanvasState, prediction: Prediction, active: torch.Tensor, steps_left: int) -> None:
         """Every non-frozen active position is decided anew: accepted, or re-noised."""

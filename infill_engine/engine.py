@@ -240,6 +240,7 @@ class InfillEngine:
                 batch_size=len(failing), stats=spent, initial=initial, frozen=frozen, deadline=deadline,
             )
             stats.forward_passes += spent.forward_passes
+            stats.positions_predicted += spent.positions_predicted
             stats.context_encodes += spent.context_encodes
             stats.over_budget |= spent.over_budget
             stats.repairs += 1

@@ -62,6 +62,11 @@ class SamplerConfig:
             position to the end of the canvas, each with probability >= `tail_floor`, that whole tail is
             committed as end-of-span in one step (instead of walking the end in from the right step by step).
         tail_floor: settle_tail: the model probability of end-of-span each position of the tail needs.
+        drop_settled_tail: once every row's span has ended (its positions from some point to the end of the canvas
+            are committed end-of-span), the steps run the model over the canvas up to the first of those ends
+            only: the end-of-span positions after it, which no answer reads, are left out of the pass (the
+            suffix keeps its positions). Needs a denoiser that `reads_partial_canvas` and a rule that keeps
+            committed tokens without revising them; elsewhere the whole canvas runs.
         draw: how a sampled token is drawn. "inverse_cdf": one uniform draw per position (fast with several
             candidates); "multinomial": `torch.multinomial` over every row, the draw of transformers' DiffusionGemma
             `generate()`, so the same seed gives its tokens exactly (slower: an exponential variate per vocabulary
@@ -87,6 +92,7 @@ class SamplerConfig:
     stop_at_line_break: bool = False
     settle_tail: bool = True
     tail_floor: float = 0.2
+    drop_settled_tail: bool = True
     draw: str = "inverse_cdf"
     seed: int = 0
 
@@ -174,6 +180,32 @@ class Block:
 
 
 # ----------------------------------------------------------------------------------------------- the step's parts
+
+
+def live_length(run: Denoising, state: CanvasState) -> int:
+    """Canvas positions the next pass needs: up to and including each row's first end-of-span of the committed
+    end-of-span run that closes its canvas (the positions after it are settled and no answer reads them); all of
+    them when the denoiser or the rule cannot leave any out."""
+    length = state.tokens.shape[1]
+    can_drop = (run.config.drop_settled_tail and run.denoiser.reads_partial_canvas and run.rule.keeps_committed
+                and not run.denoiser.uses_self_conditioning and run.denoiser.special.end_of_span_ids)
+    if not can_drop:
+        return length
+    ends = torch.tensor(run.denoiser.special.end_of_span_ids, device=state.tokens.device)
+    ended = torch.isin(state.tokens, ends) & state.committed  # (B, N)
+    closing = ended.flip(-1).long().cumprod(dim=-1).sum(dim=-1)  # (B,) length of each row's closing run of ends
+    return min(length, int((length - closing).max()) + 1)
+
+
+def with_settled_tail(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Logits (B, n, V) of the first n canvas positions, extended to all N with certainty of the (committed) tokens
+    after them (B, N, V)."""
+    batch, live, vocab = logits.shape
+    if live == tokens.shape[1]:
+        return logits
+    settled = logits.new_full((batch, tokens.shape[1] - live, vocab), -math.inf)  # (B, N - n, V)
+    settled.scatter_(-1, tokens[:, live:, None], 0.0)
+    return torch.cat([logits, settled], dim=1)
 
 
 def temperature_at(config: SamplerConfig, step: int) -> float:
@@ -332,9 +364,12 @@ def denoise_block(run: Denoising, block: Block, state: CanvasState) -> int:
     for step in range(config.steps):
         if bool(done.all()):
             return step
-        # predict: logits of every canvas position, the tokens a span may not hold here forbidden
-        logits = run.denoiser.predict(block.context, state.tokens, self_conditioning)  # (B, N, V)
+        # predict: logits of every canvas position still in play, the tokens a span may not hold here forbidden
+        live = live_length(run, state)  # the settled end-of-span positions after `live` are left out of the pass
+        logits = run.denoiser.predict(block.context, state.tokens[:, :live], self_conditioning)  # (B, live, V)
+        logits = with_settled_tail(logits, state.tokens)  # (B, N, V)
         run.stats.forward_passes += 1
+        run.stats.positions_predicted += state.tokens.shape[0] * live
         logits = forbid_tokens(logits, state, config, run.denoiser.special, block.first_position)
         # pick tokens: draw one per position at each row's temperature
         temps = row_temperatures(config, step, batch, state.tokens.device)  # (B,)

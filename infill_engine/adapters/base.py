@@ -57,6 +57,7 @@ class Denoiser(ABC):
     #                        "append": each block is its own canvas, committed blocks join the context
     uses_self_conditioning: bool = False  # the model takes the previous step's logits as an input
     batches_contexts: bool = False  # canvases of different contexts share one forward pass (`merge_contexts`)
+    reads_partial_canvas: bool = False  # `predict` takes the first n <= N positions of an encoded span's canvas
 
     def __init__(self, model: Any, tokenizer: Any, special: SpecialTokens, path: str) -> None:
         self.model = model
@@ -100,7 +101,8 @@ class Denoiser(ABC):
     def predict(
         self, context: EncodedContext, canvas: torch.Tensor, self_conditioning: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """Logits (B, N, V) for every span position of `canvas` (B, N)."""
+        """Logits (B, N, V) for every span position of `canvas` (B, N); where `reads_partial_canvas`, `canvas` may be
+        the first n positions of the encoded span (B, n), the others left out of the pass, and the logits (B, n, V)."""
 
     def encode_many(self, requests: list[ContextArgs]) -> list[EncodedContext]:
         """Encode several requests' contexts; families that batch contexts do it in one padded forward pass."""

@@ -43,6 +43,7 @@ class DiffillDenoiser(Denoiser):
     noise = "mask"
     block_mode = "restrict"
     batches_contexts = True
+    reads_partial_canvas = True
 
     def __init__(self, model: Any, tokenizer: Any, special: SpecialTokens, path: str) -> None:
         super().__init__(model, tokenizer, special, path)
@@ -149,9 +150,11 @@ class DiffillDenoiser(Denoiser):
     ) -> torch.Tensor:
         """Logits (B, N, V) of the canvas against the cached context."""
         state: _CanvasOf = context.state
-        if state.plan is None or state.plan.shape != canvas.shape:  # once per fill: the steps share it
-            positions = state.positions.expand(canvas.shape[0], -1)  # (B, N)
-            state.plan = self.model.plan_denoising(positions, state.cache, state.known)
+        if state.plan is None or state.plan.shape != canvas.shape:  # once per fill and canvas length in play
+            length = canvas.shape[1]  # the first `length` positions of the span (all, unless its tail is settled)
+            positions = state.positions[:, :length].expand(canvas.shape[0], -1)  # (B, n)
+            known = None if state.known is None else state.known[:, :length]
+            state.plan = self.model.plan_denoising(positions, state.cache, known)
         return self.model.denoise_planned(canvas, state.plan).float()
 
     def _encoded(self, args: ContextArgs, cache: DiffillContextCache) -> EncodedContext:
