@@ -158,16 +158,26 @@ def forward_cost(engine: InfillEngine, prefix: str, suffix: str, positions: int,
     return counter.get_total_flops(), statistics.median(times)
 
 
-def _measured_fill(engine: InfillEngine, request: InfillRequest) -> tuple[InfillResult, int]:
-    """The fill and the steps of its main loop (repairs excluded)."""
+def _measured_fill(engine: InfillEngine, request: InfillRequest, after_keystroke: bool = False
+                   ) -> tuple[InfillResult, int, int]:
+    """The fill, the steps of its main loop (repairs excluded) and the context positions it encoded. Each hole is a
+    new request: nothing of another hole's prefix is reused; `after_keystroke` first fills (uncounted) the same hole
+    one character earlier, as the request of the key before, whose prefix a causal-context model then reuses."""
     steps = 0
 
     def count(_view: Any) -> None:
         nonlocal steps
         steps += 1
 
+    denoiser = engine.denoiser
+    prefixes = getattr(denoiser, "prefixes", None)
+    if prefixes is not None:
+        prefixes.clear()
+    if after_keystroke and request.prefix:
+        engine.fill(replace(request, prefix=request.prefix[:-1]))
+    encoded = getattr(denoiser, "positions_encoded", 0)
     result = engine.fill(request, on_step=count)
-    return result, steps
+    return result, steps, getattr(denoiser, "positions_encoded", 0) - encoded
 
 
 def bench_fill(
@@ -176,10 +186,12 @@ def bench_fill(
     cases: list[FillCase],
     variants: list[str] | None = None,
     candidates: int = 1,
+    after_keystroke: bool = False,
 ) -> dict[str, Any]:
     """Fills of each case at every hole, once per sampler variant (interleaved hole by hole, so that a change in
     the machine's load falls on every variant alike): latency, passes, tokens per forward, the split into stages,
-    and achieved GFLOP/s against the matmul peak measured in the same run."""
+    and achieved GFLOP/s against the matmul peak measured in the same run. `after_keystroke`: each fill comes after
+    the fill of the key before (see `_measured_fill`)."""
     variants = variants or [""]
     base = engine.sampler
     configs = [sampler_variant(text, base) for text in variants]
@@ -195,30 +207,34 @@ def bench_fill(
             requests = [InfillRequest(prefix, suffix, "python", max_tokens=case.positions, candidates=candidates,
                                       single_line=case.single_line) for prefix, suffix in holes]
             costs = [forward_cost(engine, r.prefix, r.suffix, case.positions, candidates) for r in requests]
-            runs: list[list[tuple[InfillResult, int]]] = [[] for _ in configs]
+            runs: list[list[tuple[InfillResult, int, int]]] = [[] for _ in configs]
             for index, request in enumerate(requests):
                 for variant, config in enumerate(configs):
                     engine.sampler = config
                     if index == 0:
                         _measured_fill(engine, request)  # warm-up, not counted
-                    runs[variant].append(_measured_fill(engine, request))
+                    runs[variant].append(_measured_fill(engine, request, after_keystroke))
             for text, measured in zip(variants, runs):
                 rows.append(_fill_row(case, text or "defaults", measured, costs, peak))
     finally:
         engine.sampler = base
-    return {"matmul_peak_gflops": round(peak, 1), "holes": len(holes), "candidates": candidates, "rows": rows}
+    return {"matmul_peak_gflops": round(peak, 1), "holes": len(holes), "candidates": candidates,
+            "after_keystroke": after_keystroke, "rows": rows}
 
 
-def _fill_row(case: FillCase, variant: str, measured: list[tuple[InfillResult, int]],
+def _fill_row(case: FillCase, variant: str, measured: list[tuple[InfillResult, int, int]],
               costs: list[tuple[int, float]], peak: float) -> dict[str, Any]:
     """The summary of one case and variant."""
-    stats = [result.stats for result, _ in measured]
+    stats = [result.stats for result, _, _ in measured]
     totals = [s.ms["total"] for s in stats]
     tokens, passes = sum(s.tokens_generated for s in stats), sum(s.forward_passes for s in stats)
-    step_flops = [flops * steps for (flops, _), (_, steps) in zip(costs, measured)]
+    # a pass over part of the canvas (its settled end left out) costs that part of a whole pass's FLOPs
+    whole = [max(s.forward_passes * s.canvas_positions * s.candidates, 1) for s in stats]
+    step_flops = [flops * steps * s.positions_predicted / w
+                  for (flops, _), (_, steps, _), s, w in zip(costs, measured, stats, whole)]
     step_gflops = [f / s.ms["denoise"] / 1e6 for f, s in zip(step_flops, stats) if s.ms.get("denoise")]
     forward_gflops = [flops / ms / 1e6 for flops, ms in costs]
-    step_ms = [s.ms["denoise"] / steps for s, (_, steps) in zip(stats, measured) if steps]
+    step_ms = [s.ms["denoise"] / steps for s, (_, steps, _) in zip(stats, measured) if steps]
     achieved = statistics.median(step_gflops)
     return {
         "span": case.name,
@@ -227,11 +243,13 @@ def _fill_row(case: FillCase, variant: str, measured: list[tuple[InfillResult, i
         "ms_median": round(statistics.median(totals), 1),
         "ms_p95": round(_percentile(totals, 0.95), 1),
         "forward_passes_median": statistics.median(s.forward_passes for s in stats),
-        "loop_steps_median": statistics.median(steps for _, steps in measured),
+        "loop_steps_median": statistics.median(steps for _, steps, _ in measured),
+        "positions_per_pass": round(sum(s.positions_predicted for s in stats) / max(passes, 1), 1),
+        "context_positions_encoded_median": statistics.median(encoded for _, _, encoded in measured),
         "tokens_per_forward": round(tokens / max(passes, 1), 3),  # all tokens over all passes, empty fills too
         "tokens_median": statistics.median(s.tokens_generated for s in stats),
         "repairs_mean": round(statistics.mean(s.repairs for s in stats), 2),
-        "with_suggestion": round(sum(1 for r, _ in measured if r.text and r.text.strip()) / len(measured), 3),
+        "with_suggestion": round(sum(1 for r, _, _ in measured if r.text and r.text.strip()) / len(measured), 3),
         "ms_stages_median": {stage: round(statistics.median(s.ms.get(stage, 0.0) for s in stats), 2)
                              for stage in STAGES},
         "ms_per_step_median": round(statistics.median(step_ms), 2) if step_ms else None,
@@ -251,7 +269,7 @@ def profile_one_fill(engine: InfillEngine, prefix: str, suffix: str, case: FillC
     request = InfillRequest(prefix, suffix, "python", max_tokens=case.positions, single_line=case.single_line)
     engine.fill(request)  # warm-up
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        result, steps = _measured_fill(engine, request)
+        result, steps, _ = _measured_fill(engine, request)
     stats = result.stats
     header = f"{steps} loop steps, {stats.forward_passes} forward passes, {stats.ms['total']:.0f} ms\n"
     return header + prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows)

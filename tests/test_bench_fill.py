@@ -47,3 +47,23 @@ def test_sampler_variants_override_fields_with_their_types(text, expected):
     config = sampler_variant(text, SamplerConfig())
     assert {key: getattr(config, key) for key in expected} == expected
     assert [c.name for c in fill_cases(["line", "64"])] == ["line", "64"]
+
+
+def test_bench_fill_after_a_keystroke_encodes_only_what_the_key_changed(capsys, bench_file, tmp_path):  # noqa: F811
+    """With a causal-context model the fill after the key before reuses that prefix's keys and values."""
+    from tests import tiny_models
+
+    directory = tiny_models.build_diffill(tmp_path / "causal")
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, "shift_logits": True, "causal_context": True}))
+    encoded = {}
+    for flag in ([], ["--after-keystroke"]):
+        args = ["bench", "fill", "--data", str(bench_file), "--model", str(directory), "--sample", "2",
+                "--spans", "16", "--json", "--threads", "1"]
+        assert main(args + flag) == 0
+        report = json.loads(capsys.readouterr().out)
+        assert report["after_keystroke"] == bool(flag)
+        (row,) = report["rows"]
+        assert 0 < row["positions_per_pass"] <= 16
+        encoded[bool(flag)] = row["context_positions_encoded_median"]
+    assert 0 < encoded[True] < encoded[False]

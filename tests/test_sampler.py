@@ -458,3 +458,57 @@ def test_sampling_follows_the_distribution_and_never_draws_a_forbidden_token():
     shares = torch.bincount(drawn[1], minlength=8).float() / 20_000
     assert shares[[0, 3, 4, 6, 7]].sum() == 0
     assert shares[[1, 2, 5]].tolist() == pytest.approx([0.5, 0.3, 0.2], abs=0.015)
+
+
+# ---------------------------------------------------------------------- leaving a settled end out of the pass
+
+class PartialCanvasDenoiser(ScriptedDenoiser):
+    """A scripted denoiser that, as the embedded model's adapter, reads the first n positions of the canvas."""
+
+    reads_partial_canvas = True
+
+    def predict(self, context, canvas, self_conditioning=None) -> torch.Tensor:
+        length = canvas.shape[1]
+        trimmed = EncodedContext(context.prefix_ids, context.suffix_ids, length, context.batch_size,
+                                 context.state[:, :length])
+        return super().predict(trimmed, canvas, self_conditioning)
+
+
+@pytest.mark.parametrize("drop, commit, lengths", [
+    (True, "threshold", [12, 3, 3]),  # once the end is settled the pass reads "a", "b" and the first end only
+    (False, "threshold", [12, 12, 12]),
+    (True, "entropy_bound", None),  # every step re-decides every position: the whole canvas, every pass
+])
+def test_a_settled_end_is_left_out_of_the_pass_and_the_answer_is_the_same(tokenizer, drop, commit, lengths):
+    ids, confidence = walking_end(tokenizer, "ab", 12)
+    denoiser = PartialCanvasDenoiser(tokenizer, ["ab"], confidence=confidence)
+    stats = FillStats()
+    config = replace(GREEDY, settle_tail=True, tail_floor=0.5, drop_settled_tail=drop, commit=commit)
+    span = denoise_span(denoiser, [], [], 12, config, stats=stats)
+    assert text_of(tokenizer, denoiser, span.tokens[0]) == "ab"
+    seen = [canvas.shape[1] for canvas in denoiser.seen_canvases]
+    assert seen == (lengths if lengths is not None else [12] * len(seen))
+    assert stats.positions_predicted == sum(seen)
+
+
+def test_a_denoiser_that_reads_the_whole_canvas_always_gets_it(tokenizer):
+    ids, confidence = walking_end(tokenizer, "ab", 12)
+    denoiser = ScriptedDenoiser(tokenizer, ["ab"], confidence=confidence)  # reads_partial_canvas is False
+    denoise_span(denoiser, [], [], 12, replace(GREEDY, tail_floor=0.5, drop_settled_tail=True))
+    assert {canvas.shape[1] for canvas in denoiser.seen_canvases} == {12}
+
+
+def test_the_embedded_architecture_runs_fewer_positions_once_its_spans_have_ended(model_dirs):
+    denoiser = load_denoiser(str(model_dirs["diffill"]))
+    end = denoiser.special.end_of_span_ids[0]
+    initial = torch.full((16,), denoiser.special.mask_id)
+    initial[4] = end  # a repair's canvas: the span ends after four positions (the random model would not say so)
+    frozen = torch.zeros(16, dtype=torch.bool)
+    frozen[4] = True
+    stats = FillStats()
+    span = denoise_span(denoiser, [5, 6, 7], [8, 9], 16, replace(GREEDY, steps=12), batch_size=2, stats=stats,
+                        initial=initial, frozen=frozen)
+    assert stats.positions_predicted == 2 * 16 + (stats.forward_passes - 1) * 2 * 5  # then up to that end only
+    for row in span.tokens.tolist():  # each answer still ends as a span does: nothing after its first end
+        if end in row:
+            assert set(row[row.index(end):]) == {end}

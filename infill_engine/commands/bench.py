@@ -39,6 +39,10 @@ def add_kinds(kinds: argparse._SubParsersAction) -> dict[str, Callable[[argparse
     fill.add_argument("--variant", action="append", metavar="KEY=VALUE[,...]",
                       help="sampler settings to compare on the same holes in the same run, e.g. settle_tail=false; "
                            "repeat for more (default: the model's own settings)")
+    fill.add_argument("--after-keystroke", action="store_true",
+                      help="time each fill after an uncounted fill of the same hole one character earlier, as when "
+                           "typing (the context's keys and values of that prefix are then reused); default: each "
+                           "hole a new request")
     fill.add_argument("--profile", action="store_true", help="add torch.profiler's table of one fill per span")
     fill.add_argument("--json", action="store_true", help="print JSON")
     fill.add_argument("--out", metavar="FILE", help="also write the JSON to FILE")
@@ -87,7 +91,7 @@ def run_fill(args: argparse.Namespace) -> int:
         for variant in args.variant or []:
             sampler_variant(variant, engine.sampler)
         holes = [(p.prompt, p.suffix) for p in problems]
-        report = bench_fill(engine, holes, cases, args.variant, args.candidates)
+        report = bench_fill(engine, holes, cases, args.variant, args.candidates, args.after_keystroke)
     except ValueError as error:
         raise UsageError(str(error)) from None
     if args.profile:
@@ -101,18 +105,19 @@ def run_fill(args: argparse.Namespace) -> int:
         print(text)
         return 0
     print(f"model: {report['model']}; threads {report['threads']}; {report['holes']} holes; "
-          f"{report['candidates']} candidate(s); matmul peak {report['matmul_peak_gflops']} GFLOP/s")
-    print(f"{'span':>5} {'variant':<22} {'ms p50':>7} {'ms p95':>7} {'passes':>6} {'tok/fwd':>7} "
-          f"{'tokenize':>8} {'encode':>7} {'denoise':>8} {'gate':>6} {'repair':>7} {'ms/step':>7} {'GFLOP/s':>8} "
-          f"{'of peak':>7}")
+          f"{report['candidates']} candidate(s); matmul peak {report['matmul_peak_gflops']} GFLOP/s"
+          + ("; each fill after the key before" if report["after_keystroke"] else ""))
+    print(f"{'span':>5} {'variant':<22} {'ms p50':>7} {'ms p95':>7} {'passes':>6} {'tok/fwd':>7} {'pos/pass':>8} "
+          f"{'tokenize':>8} {'encoded':>7} {'encode':>7} {'denoise':>8} {'gate':>6} {'repair':>7} {'ms/step':>7} "
+          f"{'GFLOP/s':>8} {'of peak':>7}")
     for row in report["rows"]:
         if "skipped" in row:
             print(f"{row['span']:>5}  skipped: {row['skipped']}")
             continue
         ms = row["ms_stages_median"]
         print(f"{row['span']:>5} {row['variant']:<22} {row['ms_median']:>7} {row['ms_p95']:>7} "
-              f"{row['forward_passes_median']:>6} {row['tokens_per_forward']:>7} {ms['tokenize']:>8} "
-              f"{ms['encode']:>7} {ms['denoise']:>8} {ms['gate']:>6} {ms['repair']:>7} "
+              f"{row['forward_passes_median']:>6} {row['tokens_per_forward']:>7} {row['positions_per_pass']:>8} "
+              f"{ms['tokenize']:>8} {row['context_positions_encoded_median']:>7} {ms['encode']:>7} {ms['denoise']:>8} {ms['gate']:>6} {ms['repair']:>7} "
               f"{row['ms_per_step_median']:>7} {row['gflops_steps']:>8} {row['share_of_peak_steps']:>7}")
     for name, table in report.get("profiles", {}).items():
         print(f"\nprofile of one fill, span {name}: {table}")
