@@ -66,7 +66,9 @@ class SamplerConfig:
             are committed end-of-span), the steps run the model over the canvas up to the first of those ends
             only: the end-of-span positions after it, which no answer reads, are left out of the pass (the
             suffix keeps its positions). Needs a denoiser that `reads_partial_canvas` and a rule that keeps
-            committed tokens without revising them; elsewhere the whole canvas runs.
+            committed tokens without revising them; elsewhere the whole canvas runs. Off by default: it leaves a gap of
+            positions between the canvas and the suffix that the model never saw in training, and cost the embedded
+            model 0.9 points of pass@1 (2.61 -> 1.74 on all 1,033 HumanEval problems) for 13 % less time per fill.
         draw: how a sampled token is drawn. "inverse_cdf": one uniform draw per position (fast with several
             candidates); "multinomial": `torch.multinomial` over every row, the draw of transformers' DiffusionGemma
             `generate()`, so the same seed gives its tokens exactly (slower: an exponential variate per vocabulary
@@ -92,7 +94,7 @@ class SamplerConfig:
     stop_at_line_break: bool = False
     settle_tail: bool = True
     tail_floor: float = 0.2
-    drop_settled_tail: bool = True
+    drop_settled_tail: bool = False
     draw: str = "inverse_cdf"
     seed: int = 0
 
