@@ -1,8 +1,17 @@
-"""Choosing the device and dtype a model runs on, at load time."""
+"""Choosing the device and dtype a model runs on, at load time, and the CPU threads a small pass runs on."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
+
+# Canvas positions (all rows of a pass together) up to which one CPU thread runs a denoising step faster than two:
+# the step's matrices are then a few rows high and splitting them costs more than it saves (docs/BENCHMARKS.md,
+# "One thread for small steps": 24 positions 20 ms on one thread, 23 ms on two; 48 the same; 256 positions 98-108
+# ms vs 65-79).
+SMALL_PASS_POSITIONS = 32
 
 DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -33,3 +42,18 @@ def choose_dtype(device: torch.device, requested: str = "auto") -> torch.dtype:
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     return torch.float32
+
+
+@contextmanager
+def threads_for_pass(device: torch.device, positions: int) -> Iterator[None]:
+    """Run a pass over `positions` canvas positions on one CPU thread when it is small (see SMALL_PASS_POSITIONS),
+    on the configured threads otherwise; the count is set back after."""
+    configured = torch.get_num_threads()
+    if device.type != "cpu" or configured == 1 or positions > SMALL_PASS_POSITIONS:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(configured)

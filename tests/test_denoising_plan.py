@@ -98,3 +98,26 @@ def test_greedy_fills_through_planned_steps_are_those_of_the_whole_sequence_pass
 def texts(result) -> tuple[list[str], list[str]]:
     """Every candidate's text, shown or rejected by the syntax gate (a random tiny model's are rejected)."""
     return [c.text for c in result.candidates], [c.text for c in result.rejected]
+
+
+@pytest.mark.parametrize("rows, positions, expected", [(1, 24, 1), (2, 64, 2)])
+def test_a_small_step_runs_on_one_thread_and_the_configured_count_comes_back(tmp_path, rows, positions, expected):
+    """A single-line step is a few rows of matrix work, faster on one thread than split over two; a batch of long
+    canvases keeps the configured threads. Either way the setting is what it was after the step."""
+    denoiser = InfillEngine.load(ModelSpec(path=str(tiny_models.build_diffill(tmp_path / "m")))).denoiser
+    seen = []
+    planned = denoiser.model.denoise_planned
+
+    def record(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return planned(*args, **kwargs)
+
+    denoiser.model.denoise_planned = record
+    configured = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        context = denoiser.encode([5, 6, 7, 8], [9, 10], positions, rows)
+        denoiser.predict(context, torch.full((rows, positions), denoiser.special.mask_id))
+        assert seen == [expected] and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(configured)

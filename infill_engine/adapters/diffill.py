@@ -20,6 +20,7 @@ import torch
 
 from infill_engine.adapters.base import ContextArgs, Denoiser, EncodedContext, MergedRows
 from infill_engine.special_tokens import SpecialTokens
+from infill_engine.device import threads_for_pass
 from infill_engine.diffill_model.modeling_diffill import DiffillContextCache, DiffillDenoisingPlan
 from infill_engine.prefix_cache import PrefixCache
 
@@ -155,7 +156,8 @@ class DiffillDenoiser(Denoiser):
             positions = state.positions[:, :length].expand(canvas.shape[0], -1)  # (B, n)
             known = None if state.known is None else state.known[:, :length]
             state.plan = self.model.plan_denoising(positions, state.cache, known)
-        return self.model.denoise_planned(canvas, state.plan).float()
+        with threads_for_pass(canvas.device, canvas.numel()):
+            return self.model.denoise_planned(canvas, state.plan).float()
 
     def _encoded(self, args: ContextArgs, cache: DiffillContextCache) -> EncodedContext:
         prefix_length = len(args.prefix_ids)
