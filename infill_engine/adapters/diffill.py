@@ -71,7 +71,7 @@ class DiffillDenoiser(Denoiser):
         self.positions_encoded += new_ids.shape[1]
         self.positions_reused += shared
         if self.prefixes is not None:
-            self.prefixes.add(prefix_ids, _head_of(cache, len(prefix_ids)))
+            self.prefixes.add(prefix_ids, _head_of(cache, len(prefix_ids), copy=True))
         return self._encoded(ContextArgs(prefix_ids, suffix_ids, span_length, batch_size), cache)
 
     def _cached_head(self, prefix_ids: list[int]) -> tuple[int, DiffillContextCache | None]:
@@ -112,7 +112,7 @@ class DiffillDenoiser(Denoiser):
         rows = [_row_of(cache, row, length, positions) for row, length in enumerate(lengths)]
         if self.prefixes is not None:
             for args, row in zip(requests, rows):
-                self.prefixes.add(args.prefix_ids, _head_of(row, len(args.prefix_ids)))
+                self.prefixes.add(args.prefix_ids, _head_of(row, len(args.prefix_ids), copy=True))
         return [self._encoded(args, row) for args, row in zip(requests, rows)]
 
     def merge_contexts(self, parts: list[MergedRows]) -> EncodedContext:
@@ -189,13 +189,18 @@ def _row_of(cache: DiffillContextCache, row: int, length: int, positions: torch.
     return single
 
 
-def _head_of(cache: DiffillContextCache, length: int) -> DiffillContextCache:
-    """The first `length` context positions of an unpadded cache (views, no copy): the encoding of that head alone,
-    for a causal context."""
-    head = DiffillContextCache(keys=tuple(k[:, :, :length] for k in cache.keys),
-                               values=tuple(v[:, :, :length] for v in cache.values), padding_mask=None)
+def _head_of(cache: DiffillContextCache, length: int, copy: bool = False) -> DiffillContextCache:
+    """The first `length` context positions of an unpadded cache: the encoding of that head alone, for a causal
+    context. Views, or with `copy` tensors of their own (what the prefix cache keeps: not the suffix, nor the rest of
+    a padded batch, is held on to)."""
+    def cut(tensor: torch.Tensor, dim: int) -> torch.Tensor:
+        head = tensor.narrow(dim, 0, length)
+        return head.clone() if copy else head
+
+    head = DiffillContextCache(keys=tuple(cut(k, 2) for k in cache.keys), values=tuple(cut(v, 2) for v in cache.values),
+                               padding_mask=None)
     if cache.hidden is not None:
-        head.hidden, head.positions = cache.hidden[:, :length], cache.positions[:, :length]
+        head.hidden, head.positions = cut(cache.hidden, 1), cut(cache.positions, 1)
     return head
 
 
