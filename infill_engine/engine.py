@@ -96,8 +96,6 @@ class InfillEngine:
         sampler, context = (self.sampler, self.context) if current else self._defaults
         values = options.as_dict()
         sampler = replace(sampler, **{k: values[k] for k in ("steps", "seed") if k in values})
-        if "steps" in values:  # a client's step count is every fill's, single lines too
-            sampler = replace(sampler, line_steps=None)
         context = replace(context, **{k: values[k] for k in ("prefix_tokens", "suffix_tokens") if k in values})
         return sampler, context
 
@@ -113,9 +111,8 @@ class InfillEngine:
         stats = FillStats(candidates=request.candidates, canvas_positions=request.max_tokens)
         language = syntax.language_for(request.language) if request.language else None
         config = self.sampler if request.seed is None else replace(self.sampler, seed=request.seed)
-        if request.single_line:  # the fill is cut at its first line break: stop denoising there, in fewer passes
-            steps = min(config.steps, config.line_steps or config.steps)
-            config = replace(config, stop_at_line_break=True, steps=steps)
+        if request.single_line:  # the fill is cut at its first line break: stop denoising there
+            config = replace(config, stop_at_line_break=True)
         deadline = None if request.budget_ms is None else time.perf_counter() + request.budget_ms / 1000.0
         with stats.timed("total"):
             with stats.timed("tokenize"):
@@ -378,10 +375,6 @@ def default_sampler_for(denoiser: Denoiser) -> SamplerConfig:
             steps=48, block_size=256, commit="entropy_bound", entropy_bound=0.1,
             temperature_start=0.8, temperature_end=0.4, stability_steps=1, confidence_threshold=0.005,
         )
-    elif denoiser.family == "diffill":
-        # Single lines in at most 4 passes: on all 1,033 HumanEval single-line problems the embedded model scored
-        # 2.71 pass@1 with 4 against 2.61 with 24 and wrote 0.42 tokens per forward against 0.33 (docs/BENCHMARKS.md).
-        config = replace(config, line_steps=4)
     known = for_checkpoint(str(denoiser.path))
     if known is not None and known.settings is not None:
         config = replace(config, **known.settings.sampler_fields())

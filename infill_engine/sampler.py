@@ -34,8 +34,6 @@ class SamplerConfig:
 
     Args:
         steps: at most this many forward passes per block.
-        line_steps: single-line fills (ghost text): at most this many forward passes per block, when fewer than
-            `steps`; None: `steps`. The embedded model's default is 4 (`default_sampler_for`).
         block_size: span positions denoised together; a longer span goes block by block.
         commit: how many positions a step commits. "threshold" (Fast-dLLM): every free position whose score
             reaches `threshold`, always at least one. "schedule" (LLaDA): the free positions spread evenly over
@@ -79,7 +77,6 @@ class SamplerConfig:
     """
 
     steps: int = 24
-    line_steps: int | None = None
     block_size: int = 32
     commit: str = "threshold"
     order: str = "confidence"
@@ -105,8 +102,6 @@ class SamplerConfig:
         problems = []
         if not isinstance(self.steps, int) or self.steps < 1:
             problems.append(f"steps must be an integer >= 1 (got {self.steps!r})")
-        if self.line_steps is not None and (not isinstance(self.line_steps, int) or self.line_steps < 1):
-            problems.append(f"line_steps must be an integer >= 1 or None (got {self.line_steps!r})")
         if not isinstance(self.block_size, int) or self.block_size < 1:
             problems.append(f"block_size must be an integer >= 1 (got {self.block_size!r})")
         if self.commit not in COMMIT_RULES:

@@ -135,22 +135,3 @@ def test_scores_are_the_models_probabilities_not_the_sampling_temperatures(token
     cold = InfillEngine(denoiser, sampler=SURE)
     request = InfillRequest("y = ", "\n", language="python", max_tokens=4)
     assert hot.fill(request).candidates[0].score == pytest.approx(cold.fill(request).candidates[0].score, abs=1e-4)
-
-
-def test_the_embedded_architecture_fills_a_single_line_in_at_most_four_passes_unless_told_otherwise(model_dirs):
-    """Ghost text for one line takes at most `line_steps` passes (4 for the embedded model's family); a multi-line
-    fill keeps `steps`; a client that sets the step count gets it for single lines too."""
-    from infill_engine.interface import EngineOptions
-
-    engine = InfillEngine.load(ModelSpec(path=str(model_dirs["diffill"])))
-    assert engine.sampler.line_steps == 4 and engine.sampler.steps > 4
-    hole = ("def add(a, b):\n    return ", "\n\nprint(add(1, 2))\n")
-    line = InfillRequest(*hole, language="python", max_tokens=16, single_line=True, gate=False)
-    block = InfillRequest(*hole, language="python", max_tokens=16, gate=False)
-    assert engine.fill(line).stats.forward_passes <= 4
-    assert engine.fill(block).stats.forward_passes > 4  # a random tiny model is unsure: it uses more passes
-    engine.configure(EngineOptions(steps=8))
-    assert engine.sampler.line_steps is None
-    assert 4 < engine.fill(line).stats.forward_passes <= 8
-    with pytest.raises(ValueError, match="line_steps must be an integer >= 1"):
-        SamplerConfig(line_steps=0)
