@@ -275,6 +275,7 @@ class Editor:
         report.outcome, report.items = outcome, items
         if ticket is not None:
             report.steps_done = ticket.steps
+            report.model_started = ticket.started
         status.send(self.ls, report)
 
 

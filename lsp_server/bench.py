@@ -102,10 +102,15 @@ def model_work(servers: Sequence[Server]) -> dict[str, Any]:
     steps = sum(int(status.get("steps_done") or 0) for status in statuses)
     wasted = sum(int(status.get("steps_done") or 0) for status in statuses if status.get("outcome") in WASTED)
     passes = sum(int(status.get("forward_passes") or 0) for status in statuses)
+    # requests the model took up (their context encoded), and those of them whose answer nobody saw: a request
+    # stopped before its first step costs its encode, which the step counts above do not show
+    started = [status for status in statuses if status.get("model_started")]
+    started_wasted = sum(1 for status in started if status.get("outcome") in WASTED)
     return {"outcomes": dict(sorted(outcomes.items())), "statuses": len(statuses), "forward_passes": passes,
             "cache_share": round(outcomes.get("cache", 0) / len(statuses), 3) if statuses else None,
             "steps": steps, "steps_thrown_away": wasted,
-            "thrown_away_share": round(wasted / steps, 3) if steps else None}
+            "thrown_away_share": round(wasted / steps, 3) if steps else None,
+            "model_calls": len(started), "model_calls_thrown_away": started_wasted}
 
 
 def _write(report: dict[str, Any], args: argparse.Namespace, table: Callable[[dict[str, Any]], str]) -> None:
@@ -175,7 +180,8 @@ def model_work_fields(work: dict[str, Any]) -> dict[str, Any]:
     return {"status_outcomes": work["outcomes"], "cache_share": work["cache_share"],
             "denoising_steps": work["steps"], "forward_passes_answered": work["forward_passes"],
             "steps_thrown_away": work["steps_thrown_away"],
-            "thrown_away_share": work["thrown_away_share"]}
+            "thrown_away_share": work["thrown_away_share"],
+            "model_calls": work["model_calls"], "model_calls_thrown_away": work["model_calls_thrown_away"]}
 
 
 def lsp_table(report: dict[str, Any]) -> str:
@@ -191,7 +197,8 @@ def lsp_table(report: dict[str, Any]) -> str:
         f"time to ghost text: p50 {ghost['p50_ms']} ms, p95 {ghost['p95_ms']} ms",
         f"answers: {report['answers']}; server outcomes: {report['status_outcomes']}",
         f"from cache: {report['cache_share']}; denoising steps {report['denoising_steps']}, thrown away "
-        f"{report['steps_thrown_away']} ({report['thrown_away_share']})",
+        f"{report['steps_thrown_away']} ({report['thrown_away_share']}); requests the model took up "
+        f"{report['model_calls']}, of them thrown away {report['model_calls_thrown_away']}",
         f"accepted characters {report['accepted_chars']}; CPU {report['cpu_s']} s, per accepted character "
         f"{report['cpu_s_per_accepted_char']} s",
     ]

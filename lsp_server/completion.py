@@ -296,6 +296,7 @@ class Completer:
         report.items = len(suggestions.texts) if suggestions else 0
         if ticket is not None:
             report.steps_done = ticket.steps
+            report.model_started = ticket.started
         status.send(self.ls, report)
         return suggestions
 

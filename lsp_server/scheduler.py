@@ -40,6 +40,7 @@ class Ticket:
     version: int | None  # the document version the work is for
     reason: str | None = None  # why it was cancelled; None while it is wanted
     steps: int = 0  # denoising steps run so far
+    started: bool = False  # the model thread took the work up (its context encoded, whatever happens next)
 
     @property
     def key(self) -> str:

@@ -5,7 +5,7 @@ the model:
 
     {"method": "textDocument/inlineCompletion", "uri": ..., "outcome": "ok", "items": 2, "cache_hit": false,
      "ms": 41.2, "model_ms": 35.0, "forward_passes": 9, "tokens_per_forward": 2.3, "steps_done": 9,
-     "model": "diffill:model", "state": "ready"}
+     "model_started": true, "model": "diffill:model", "state": "ready"}
 
 `outcome` is one of: ok (items > 0), empty (the model ran; nothing passed), cache (answered from the cache, no model
 call), not_ready (the model is loading, failed or absent: `state` says which), superseded, cancelled, changed (the
@@ -51,6 +51,7 @@ class Report:
     cache_hit: bool = False
     stats: dict[str, Any] | None = None  # FillStats.as_dict() of the model call, when there was one
     steps_done: int = 0  # denoising steps run, also for fills that were stopped
+    model_started: bool = False  # the model took the request up (encoded its context), also when it was then stopped
 
     def payload(self, model: str, state: str) -> dict[str, Any]:
         """The notification's parameters."""
@@ -66,6 +67,7 @@ class Report:
             "forward_passes": stats.get("forward_passes", 0),
             "tokens_per_forward": stats.get("tokens_per_forward", 0.0),
             "steps_done": self.steps_done,
+            "model_started": self.model_started,
             "model": model,
             "state": state,
         }

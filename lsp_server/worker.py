@@ -155,6 +155,7 @@ class ModelHost:
             from infill_engine.request import FillCancelled
             from infill_engine.service.api import EngineUnavailable
 
+            ticket.started = True
             try:
                 result = job(engine)
             except FillCancelled:

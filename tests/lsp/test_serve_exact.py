@@ -177,6 +177,8 @@ async def test_a_newer_request_supersedes_a_running_one(client: LanguageClient):
     assert outcomes == ["ok", "superseded"]
     superseded = next(s for s in statuses if field_of(s, "outcome") == "superseded")
     assert field_of(superseded, "steps_done") < 24  # it stopped at a step, not at the end
+    # both reached the model, the superseded one's work thrown away (what `diffill bench lsp` counts)
+    assert [field_of(s, "model_started") for s in statuses] == [True, True]
 
 
 async def test_cancel_request_stops_the_fill_at_its_next_step(client: LanguageClient):

@@ -76,6 +76,7 @@ def test_bench_lsp_types_a_file_through_the_default_engine_and_leaves_nothing_ru
     assert report["engine_mode"] == "auto" and report["engine_processes"] == 1  # the default: one shared engine
     assert sum(report["answers"].values()) == report["keys"] and report["answers"]["error"] == 0
     assert report["answers"]["none"] == 0
+    assert 0 < report["model_calls"] and 0 <= report["model_calls_thrown_away"] <= report["model_calls"]
     assert processes_of(tiny_checkpoint) == []
 
 
