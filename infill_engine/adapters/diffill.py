@@ -58,9 +58,14 @@ class DiffillDenoiser(Denoiser):
     def encode(self, prefix_ids: list[int], suffix_ids: list[int], span_length: int, batch_size: int) -> EncodedContext:
         """Encode prefix and suffix once; positions leave room for the span between them. The head of the prefix
         that a recent request shares is not encoded again (causal-context models)."""
+        args = ContextArgs(prefix_ids, suffix_ids, span_length, batch_size)
+        return self._encode_after(args, *self._cached_head(prefix_ids))
+
+    def _encode_after(self, args: ContextArgs, shared: int, head: DiffillContextCache | None) -> EncodedContext:
+        """Encode a context whose first `shared` prefix tokens are the cached `head` (None: nothing is shared)."""
+        prefix_ids, suffix_ids = args.prefix_ids, args.suffix_ids
         device = self.device
-        positions = _context_positions(len(prefix_ids), len(suffix_ids), span_length, device)[None]  # (1, C)
-        shared, head = self._cached_head(prefix_ids)
+        positions = _context_positions(len(prefix_ids), len(suffix_ids), args.span_length, device)[None]  # (1, C)
         new_ids = torch.tensor([list(prefix_ids[shared:]) + list(suffix_ids)], dtype=torch.long, device=device)
         if head is None:
             cache = self.model.encode_context(new_ids, positions)  # (1, C) ids: nothing shared
@@ -72,7 +77,7 @@ class DiffillDenoiser(Denoiser):
         self.positions_reused += shared
         if self.prefixes is not None:
             self.prefixes.add(prefix_ids, _head_of(cache, len(prefix_ids), copy=True))
-        return self._encoded(ContextArgs(prefix_ids, suffix_ids, span_length, batch_size), cache)
+        return self._encoded(args, cache)
 
     def _cached_head(self, prefix_ids: list[int]) -> tuple[int, DiffillContextCache | None]:
         """The longest cached head of `prefix_ids` worth reusing, and its length; (0, None) when there is none."""
@@ -85,16 +90,20 @@ class DiffillDenoiser(Denoiser):
 
     @torch.no_grad()
     def encode_many(self, requests: list[ContextArgs]) -> list[EncodedContext]:
-        """Encode several contexts in one forward pass, right-padded to the longest; each keeps its own rows."""
-        if self.prefixes is not None:  # a request sharing a cached head is cheaper alone than in the padded pass
-            cached = [index for index, args in enumerate(requests) if self._cached_head(args.prefix_ids)[1] is not None]
-            if cached:
-                fresh = [index for index in range(len(requests)) if index not in cached]
-                encoded = dict(zip(fresh, self.encode_many([requests[index] for index in fresh]) if fresh else []))
-                encoded.update((index, self.encode(*requests[index])) for index in cached)
-                return [encoded[index] for index in range(len(requests))]
-        if len(requests) == 1:
-            return [self.encode(*requests[0])]
+        """Encode several contexts in one forward pass, right-padded to the longest; each keeps its own rows. A request
+        sharing a cached prefix head is encoded alone after it instead (cheaper than its place in the padded pass)."""
+        heads = [self._cached_head(args.prefix_ids) for args in requests]
+        encoded = {index: self._encode_after(args, *head)
+                   for index, (args, head) in enumerate(zip(requests, heads)) if head[1] is not None}
+        fresh = [index for index in range(len(requests)) if index not in encoded]
+        if len(fresh) == 1:
+            encoded[fresh[0]] = self._encode_after(requests[fresh[0]], 0, None)
+        elif fresh:
+            encoded.update(zip(fresh, self._encode_padded([requests[index] for index in fresh])))
+        return [encoded[index] for index in range(len(requests))]
+
+    def _encode_padded(self, requests: list[ContextArgs]) -> list[EncodedContext]:
+        """Several contexts in one forward pass, right-padded to the longest."""
         device = self.device
         lengths = [len(r.prefix_ids) + len(r.suffix_ids) for r in requests]
         longest = max(lengths)
