@@ -183,7 +183,7 @@ class LockstepMember(Denoiser):
         super().__init__(denoiser.model, denoiser.tokenizer, denoiser.special, denoiser.path)
         self.family, self.noise, self.block_mode = denoiser.family, denoiser.noise, denoiser.block_mode
         self.uses_self_conditioning = denoiser.uses_self_conditioning
-        self.reads_partial_canvas = denoiser.reads_partial_canvas
+        self.projects_columns = denoiser.projects_columns  # the same columns as alone; the merged pass computes all
         self.batches_contexts = False  # a member is one fill
         self.inner = denoiser
         self.lockstep = lockstep
@@ -199,10 +199,13 @@ class LockstepMember(Denoiser):
         return self.lockstep.call(self, _Call("encode", ContextArgs(prefix_ids, suffix_ids, span_length, batch_size)))
 
     def predict(
-        self, context: EncodedContext, canvas: torch.Tensor, self_conditioning: torch.Tensor | None = None
+        self, context: EncodedContext, canvas: torch.Tensor, self_conditioning: torch.Tensor | None = None,
+        columns: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Predicted in the next round, in one forward with the other fills' canvases."""
-        return self.lockstep.call(self, _Call("predict", (context, canvas, self_conditioning)))
+        """Predicted in the next round, in one forward with the other fills' canvases (every position's logits,
+        then those of `columns` if given)."""
+        logits = self.lockstep.call(self, _Call("predict", (context, canvas, self_conditioning)))
+        return logits if columns is None else logits[:, columns]
 
     def leave(self) -> None:
         """This fill is over."""

@@ -37,21 +37,31 @@ class CanvasState:
 
 @dataclass
 class Prediction:
-    """What one forward pass says about every position of the canvas."""
+    """What one forward pass says about the canvas: per position (B, N), and per vocabulary entry (B, n, V) at the
+    positions the pass computed logits for (`columns`; all N when None). Under a rule that keeps what it commits, a
+    committed position (`held`) says its committed token, with its committed probability and no entropy."""
 
-    logits: torch.Tensor  # (B, N, V) allowed logits divided by each row's temperature
-    model_probs: torch.Tensor  # (B, N, V) the model's distribution at temperature 1
+    logits: torch.Tensor  # (B, n, V) allowed logits divided by each row's temperature
+    model_probs: torch.Tensor  # (B, n, V) the model's distribution at temperature 1
     drawn: torch.Tensor  # (B, N) token drawn at the row's temperature (the argmax on greedy rows)
     drawn_probs: torch.Tensor  # (B, N) model probability of the drawn token
     argmax: torch.Tensor  # (B, N) the most likely token
+    argmax_probs: torch.Tensor  # (B, N) model probability of the most likely token
     scores: torch.Tensor  # (B, N) how sure the model is, in [0, 1], for the order of commits
-    probs: torch.Tensor  # (B, N, V) the distribution at the sampling temperature
+    probs: torch.Tensor  # (B, n, V) the distribution at the sampling temperature
+    columns: torch.Tensor | None = None  # (n,) the canvas positions of the (B, n, V) fields; None: all
+    held: torch.Tensor | None = None  # (B, N) positions that say their committed token; None: none
 
     @cached_property
     def entropy(self) -> torch.Tensor:
-        """Entropy (nats) at the sampling temperature (B, N), computed when first asked for: a pass over the
-        vocabulary that the early stop needs only once the argmax canvas is stable."""
-        return entropy(self.probs)
+        """Entropy (nats) at the sampling temperature (B, N), 0 where held or left out, computed when first asked
+        for: a pass over the vocabulary that the early stop needs only once the argmax canvas is stable."""
+        computed = entropy(self.probs)  # (B, n)
+        if self.columns is not None:
+            full = computed.new_zeros(self.drawn.shape)
+            full[:, self.columns] = computed
+            computed = full
+        return computed if self.held is None else computed.masked_fill(self.held, 0.0)
 
 
 def entropy(probs: torch.Tensor) -> torch.Tensor:
@@ -108,13 +118,13 @@ def initial_state(
 
 
 def settle_with_argmax(
-    state: CanvasState, argmax: torch.Tensor, probs: torch.Tensor | None, where: torch.Tensor
+    state: CanvasState, argmax: torch.Tensor, argmax_probs: torch.Tensor | None, where: torch.Tensor
 ) -> None:
-    """Commit the argmax (B, N) at `where` (B, N), recording its probability from `probs` (B, N, V) if given."""
+    """Commit the argmax (B, N) at `where` (B, N), recording its probability `argmax_probs` (B, N) if given."""
     where = where & ~state.frozen
     state.tokens = torch.where(where, argmax, state.tokens)
-    if probs is not None:
-        state.probs = torch.where(where, probs.gather(-1, argmax[..., None]).squeeze(-1), state.probs)
+    if argmax_probs is not None:
+        state.probs = torch.where(where, argmax_probs, state.probs)
     state.committed |= where
 
 
@@ -160,7 +170,7 @@ def settle_tail(denoiser: Denoiser, state: CanvasState, prediction: Prediction, 
     if not end_ids:
         return
     ends = torch.tensor(end_ids, device=state.tokens.device)
-    argmax_prob = prediction.model_probs.gather(-1, prediction.argmax[..., None]).squeeze(-1)  # (B, N)
+    argmax_prob = prediction.argmax_probs  # (B, N)
     predicted = torch.isin(prediction.argmax, ends) & (argmax_prob >= floor) & ~state.committed
     held = torch.isin(state.tokens, ends) & state.committed
     ending = predicted | held  # (B, N)
@@ -260,7 +270,7 @@ class KeepCommitted:
 
     def finish(self, state: CanvasState, prediction: Prediction, in_window: torch.Tensor) -> None:
         """The positions never committed take the last argmax."""
-        settle_with_argmax(state, prediction.argmax, prediction.model_probs, ~state.committed & in_window)
+        settle_with_argmax(state, prediction.argmax, prediction.argmax_probs, ~state.committed & in_window)
 
     def answer(self, state: CanvasState) -> torch.Tensor:
         """The canvas."""

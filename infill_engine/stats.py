@@ -16,7 +16,7 @@ class FillStats:
     context_encodes: int = 0  # context encodings (once per request and block where the model caches context)
     tokens_generated: int = 0  # span tokens kept in the best candidate (before its end-of-span)
     canvas_positions: int = 0  # positions per canvas row
-    positions_predicted: int = 0  # canvas positions run through the model, all passes and rows together
+    positions_predicted: int = 0  # canvas positions whose logits a pass computed, all passes and rows together
     candidates: int = 0  # canvases denoised in one batch
     repairs: int = 0  # re-noise-and-denoise rounds spent on candidates the syntax gate rejected
     stopped_early: bool = False  # the loop ended because the canvas was stable and confident

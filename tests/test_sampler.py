@@ -460,56 +460,72 @@ def test_sampling_follows_the_distribution_and_never_draws_a_forbidden_token():
     assert shares[[1, 2, 5]].tolist() == pytest.approx([0.5, 0.3, 0.2], abs=0.015)
 
 
-# ---------------------------------------------------------------------- leaving a settled end out of the pass
+# ------------------------------------------------------------- logits only where positions are still open
 
-class PartialCanvasDenoiser(ScriptedDenoiser):
-    """A scripted denoiser that, as the embedded model's adapter, reads the first n positions of the canvas."""
+class ProjectingDenoiser(ScriptedDenoiser):
+    """A scripted denoiser that, as the embedded model's adapter, computes the logits of the columns it is given."""
 
-    reads_partial_canvas = True
+    projects_columns = True
 
-    def predict(self, context, canvas, self_conditioning=None) -> torch.Tensor:
-        length = canvas.shape[1]
-        trimmed = EncodedContext(context.prefix_ids, context.suffix_ids, length, context.batch_size,
-                                 context.state[:, :length])
-        return super().predict(trimmed, canvas, self_conditioning)
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.seen_columns: list[list[int] | None] = []
+
+    def predict(self, context, canvas, self_conditioning=None, columns=None) -> torch.Tensor:
+        self.seen_columns.append(None if columns is None else columns.tolist())
+        logits = super().predict(context, canvas, self_conditioning)
+        return logits if columns is None else logits[:, columns]
 
 
-@pytest.mark.parametrize("drop, commit, lengths", [
-    (True, "threshold", [12, 3, 3]),  # once the end is settled the pass reads "a", "b" and the first end only
-    (False, "threshold", [12, 12, 12]),
-    (True, "entropy_bound", None),  # every step re-decides every position: the whole canvas, every pass
-])
-def test_a_settled_end_is_left_out_of_the_pass_and_the_answer_is_the_same(tokenizer, drop, commit, lengths):
-    ids, confidence = walking_end(tokenizer, "ab", 12)
-    denoiser = PartialCanvasDenoiser(tokenizer, ["ab"], confidence=confidence)
+@pytest.mark.parametrize("commit", ["threshold", "schedule"])
+def test_logits_are_computed_only_where_a_position_is_open_and_the_answer_is_the_same(tokenizer, commit):
+    ids, confidence = walking_end(tokenizer, "abc", 12)
+    projecting = ProjectingDenoiser(tokenizer, ["abc", "ab"], confidence=confidence)
     stats = FillStats()
-    config = replace(GREEDY, settle_tail=True, tail_floor=0.5, drop_settled_tail=drop, commit=commit)
-    span = denoise_span(denoiser, [], [], 12, config, stats=stats)
-    assert text_of(tokenizer, denoiser, span.tokens[0]) == "ab"
-    seen = [canvas.shape[1] for canvas in denoiser.seen_canvases]
-    assert seen == (lengths if lengths is not None else [12] * len(seen))
-    assert stats.positions_predicted == sum(seen)
+    config = replace(GREEDY, settle_tail=True, tail_floor=0.5, commit=commit, greedy_first=False)  # both greedy
+    span = denoise_span(projecting, [], [], 12, config, batch_size=2, stats=stats)
+    whole = denoise_span(ScriptedDenoiser(tokenizer, ["abc", "ab"], confidence=confidence), [], [], 12, config,
+                         batch_size=2)
+    assert torch.equal(span.tokens, whole.tokens) and torch.allclose(span.probs, whole.probs)
+    assert [text_of(tokenizer, projecting, row) for row in span.tokens] == ["abc", "ab"]
+    assert projecting.seen_columns[0] is None  # the first pass: every position is open
+    later = projecting.seen_columns[1:]
+    assert later and all(c is not None and len(c) < 12 for c in later)
+    for canvas, columns in zip(projecting.seen_canvases[1:], later):  # open in some row, and nothing else
+        open_somewhere = (canvas == projecting.special.mask_id).any(dim=0).nonzero().squeeze(-1).tolist()
+        assert columns == open_somewhere
+    assert stats.positions_predicted == 2 * (12 + sum(len(c) for c in later))
 
 
-def test_a_denoiser_that_reads_the_whole_canvas_always_gets_it(tokenizer):
+@pytest.mark.parametrize("config", [
+    replace(GREEDY, commit="entropy_bound"),  # every step re-decides every position
+    replace(GREEDY, revise_below=0.5),  # committed tokens may be re-decided: their logits are needed
+])
+def test_rules_that_re_decide_committed_positions_get_every_logit(tokenizer, config):
     ids, confidence = walking_end(tokenizer, "ab", 12)
-    denoiser = ScriptedDenoiser(tokenizer, ["ab"], confidence=confidence)  # reads_partial_canvas is False
-    denoise_span(denoiser, [], [], 12, replace(GREEDY, tail_floor=0.5, drop_settled_tail=True))
-    assert {canvas.shape[1] for canvas in denoiser.seen_canvases} == {12}
+    denoiser = ProjectingDenoiser(tokenizer, ["ab"], confidence=confidence)
+    denoise_span(denoiser, [], [], 12, config)
+    assert set(map(str, denoiser.seen_columns)) == {"None"}
 
 
-def test_the_embedded_architecture_runs_fewer_positions_once_its_spans_have_ended(model_dirs):
+def test_the_embedded_architecture_projects_only_the_open_positions_with_the_same_logits(model_dirs):
     denoiser = load_denoiser(str(model_dirs["diffill"]))
+    context = denoiser.encode([5, 6, 7], [8, 9], 16, 2)
+    canvas = torch.full((2, 16), denoiser.special.mask_id)
+    canvas[:, :4] = torch.tensor([11, 12, 13, 14])
+    columns = torch.tensor([4, 5, 9, 15])
+    whole = denoiser.predict(context, canvas)
+    some = denoiser.predict(context, canvas, columns=columns)
+    assert some.shape == (2, 4, denoiser.vocab_size)
+    assert torch.allclose(some, whole[:, columns], atol=1e-5)
     end = denoiser.special.end_of_span_ids[0]
     initial = torch.full((16,), denoiser.special.mask_id)
     initial[4] = end  # a repair's canvas: the span ends after four positions (the random model would not say so)
     frozen = torch.zeros(16, dtype=torch.bool)
     frozen[4] = True
     stats = FillStats()
-    span = denoise_span(denoiser, [5, 6, 7], [8, 9], 16, replace(GREEDY, steps=12, drop_settled_tail=True),
-                        batch_size=2, stats=stats,
+    span = denoise_span(denoiser, [5, 6, 7], [8, 9], 16, replace(GREEDY, steps=12), batch_size=2, stats=stats,
                         initial=initial, frozen=frozen)
-    assert stats.positions_predicted == 2 * 16 + (stats.forward_passes - 1) * 2 * 5  # then up to that end only
+    assert stats.positions_predicted < stats.forward_passes * 2 * 16  # later passes project fewer positions
     for row in span.tokens.tolist():  # each answer still ends as a span does: nothing after its first end
-        if end in row:
-            assert set(row[row.index(end):]) == {end}
+        assert set(row[row.index(end):]) == {end}

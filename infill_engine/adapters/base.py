@@ -57,7 +57,7 @@ class Denoiser(ABC):
     #                        "append": each block is its own canvas, committed blocks join the context
     uses_self_conditioning: bool = False  # the model takes the previous step's logits as an input
     batches_contexts: bool = False  # canvases of different contexts share one forward pass (`merge_contexts`)
-    reads_partial_canvas: bool = False  # `predict` takes the first n <= N positions of an encoded span's canvas
+    projects_columns: bool = False  # `predict(..., columns=)` computes the logits of those canvas positions only
 
     def __init__(self, model: Any, tokenizer: Any, special: SpecialTokens, path: str) -> None:
         self.model = model
@@ -99,10 +99,12 @@ class Denoiser(ABC):
 
     @abstractmethod
     def predict(
-        self, context: EncodedContext, canvas: torch.Tensor, self_conditioning: torch.Tensor | None = None
+        self, context: EncodedContext, canvas: torch.Tensor, self_conditioning: torch.Tensor | None = None,
+        columns: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Logits (B, N, V) for every span position of `canvas` (B, N); where `reads_partial_canvas`, `canvas` may be
-        the first n positions of the encoded span (B, n), the others left out of the pass, and the logits (B, n, V)."""
+        """Logits (B, N, V) for every span position of `canvas` (B, N); where `projects_columns`, with `columns` (n,)
+        the logits (B, n, V) of those positions only (the model still reads the whole canvas). Families that do not
+        project columns are never given any."""
 
     def encode_many(self, requests: list[ContextArgs]) -> list[EncodedContext]:
         """Encode several requests' contexts; families that batch contexts do it in one padded forward pass."""

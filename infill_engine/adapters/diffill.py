@@ -44,7 +44,7 @@ class DiffillDenoiser(Denoiser):
     noise = "mask"
     block_mode = "restrict"
     batches_contexts = True
-    reads_partial_canvas = True
+    projects_columns = True
 
     def __init__(self, model: Any, tokenizer: Any, special: SpecialTokens, path: str) -> None:
         super().__init__(model, tokenizer, special, path)
@@ -156,17 +156,16 @@ class DiffillDenoiser(Denoiser):
         return EncodedContext([], [], canvas_length, rows, state)
 
     def predict(
-        self, context: EncodedContext, canvas: torch.Tensor, self_conditioning: torch.Tensor | None = None
+        self, context: EncodedContext, canvas: torch.Tensor, self_conditioning: torch.Tensor | None = None,
+        columns: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Logits (B, N, V) of the canvas against the cached context."""
+        """Logits (B, N, V) of the canvas against the cached context; (B, n, V) at `columns` (n,) only if given."""
         state: _CanvasOf = context.state
-        if state.plan is None or state.plan.shape != canvas.shape:  # once per fill and canvas length in play
-            length = canvas.shape[1]  # the first `length` positions of the span (all, unless its tail is settled)
-            positions = state.positions[:, :length].expand(canvas.shape[0], -1)  # (B, n)
-            known = None if state.known is None else state.known[:, :length]
-            state.plan = self.model.plan_denoising(positions, state.cache, known)
+        if state.plan is None or state.plan.shape != canvas.shape:  # once per fill and canvas shape
+            positions = state.positions.expand(canvas.shape[0], -1)  # (B, N)
+            state.plan = self.model.plan_denoising(positions, state.cache, state.known)
         with threads_for_pass(canvas.device, canvas.numel()):
-            return self.model.denoise_planned(canvas, state.plan).float()
+            return self.model.denoise_planned(canvas, state.plan, columns).float()
 
     def _encoded(self, args: ContextArgs, cache: DiffillContextCache) -> EncodedContext:
         prefix_length = len(args.prefix_ids)

@@ -374,8 +374,13 @@ class DiffillForInfilling(DiffillPreTrainedModel):
         return self.denoise_planned(canvas_ids, self.plan_denoising(positions, cache, canvas_padding_mask))
 
     @torch.no_grad()
-    def denoise_planned(self, canvas_ids: torch.LongTensor, plan: DiffillDenoisingPlan) -> torch.Tensor:
-        """Logits (B, N, V) for the canvas, one denoising step of a plan (which it writes the canvas's keys into)."""
+    def denoise_planned(
+        self, canvas_ids: torch.LongTensor, plan: DiffillDenoisingPlan, columns: torch.LongTensor | None = None
+    ) -> torch.Tensor:
+        """Logits (B, N, V) for the canvas, one denoising step of a plan (which it writes the canvas's keys into).
+
+        With `columns` (n,), the logits (B, n, V) of those canvas positions only: the layers still run over the
+        whole canvas (every position is read), the output projection only over these."""
         if canvas_ids.shape != plan.positions.shape:
             raise ValueError(f"a plan for canvases {tuple(plan.positions.shape)} got {tuple(canvas_ids.shape)}")
         x = self.embed_tokens(canvas_ids)  # (B, N, E)
@@ -384,7 +389,9 @@ class DiffillForInfilling(DiffillPreTrainedModel):
         if self.config.shift_logits:
             before = self._state_before_canvas(x, plan.positions, plan.cache)  # (B, 1, E)
             x = torch.cat([before, x[:, :-1]], dim=1)  # (B, N, E)
-        return self.lm_head(self.norm(x))  # (B, N, V)
+        if columns is not None:
+            x = x[:, columns]  # (B, n, E)
+        return self.lm_head(self.norm(x))  # (B, N or n, V)
 
     @torch.no_grad()
     def extend_context(
