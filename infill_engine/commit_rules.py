@@ -278,9 +278,9 @@ class KeepCommitted:
 
 
 def entropy_bound_accept(token_entropy: torch.Tensor, eligible: torch.Tensor, bound: float) -> torch.Tensor:
-    """DiffusionGemma: the lowest-entropy positions (B, N) while sum(entropy) - max(entropy) <= bound."""
+    """DiffusionGemma: the lowest-entropy positions (B, N) while sum(entropy) - max(entropy) <= bound; ties go left first."""
     ranked = torch.where(eligible, token_entropy, torch.full_like(token_entropy, math.inf))
-    sorted_entropy, order = torch.sort(ranked, dim=-1)
+    sorted_entropy, order = torch.sort(ranked, dim=-1, stable=True)  # ties: the leftmost first
     finite = torch.where(torch.isinf(sorted_entropy), torch.zeros_like(sorted_entropy), sorted_entropy)
     selected = (torch.cumsum(finite, dim=-1) - finite <= bound) & ~torch.isinf(sorted_entropy)
     return torch.zeros_like(selected).scatter(-1, order, selected)

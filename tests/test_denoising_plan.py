@@ -63,7 +63,7 @@ class WholeSequenceDenoiser(DiffillDenoiser):
     """The reference: every step one training-style pass over prefix, canvas and suffix (no cache, no plan)."""
 
     @torch.no_grad()
-    def predict(self, context, canvas, self_conditioning=None):  # noqa: ANN001, ANN201
+    def predict(self, context, canvas, self_conditioning=None, columns=None):  # noqa: ANN001, ANN201
         B, N = canvas.shape
         prefix = torch.tensor(context.prefix_ids, dtype=torch.long)
         suffix = torch.tensor(context.suffix_ids, dtype=torch.long)
@@ -71,7 +71,8 @@ class WholeSequenceDenoiser(DiffillDenoiser):
         canvas_mask = torch.zeros_like(ids, dtype=torch.bool)
         canvas_mask[:, len(prefix) : len(prefix) + N] = True
         logits = self.model(input_ids=ids, canvas_mask=canvas_mask).logits  # positions 0..T-1: the same layout
-        return logits[:, len(prefix) : len(prefix) + N].float()
+        logits = logits[:, len(prefix) : len(prefix) + N].float()  # (B, N, V)
+        return logits if columns is None else logits[:, columns]
 
 
 @pytest.fixture(scope="module")

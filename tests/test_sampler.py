@@ -85,7 +85,7 @@ def test_random_order_depends_on_the_seed(tokenizer):
 
 
 def test_entropy_bound_accepts_only_low_entropy_positions_and_renoises_the_rest(tokenizer):
-    confidence = [20.0, 20.0, 1.0, 1.0, 1.0, 1.0]
+    confidence = [20.0, 20.0, 1.0, 0.9, 0.8, 0.7]  # distinct: equal entropies would tie within float rounding
     denoiser = ScriptedDenoiser(tokenizer, ["abcdef"], confidence=confidence)
     config = replace(GREEDY, commit="entropy_bound", entropy_bound=0.5, steps=1)
     views = []
@@ -265,7 +265,7 @@ def test_positions_never_committed_take_the_argmax_at_the_step_limit(tokenizer):
 
 
 def test_entropy_bound_answers_with_the_last_argmax_even_where_it_re_noised(tokenizer):
-    confidence = [20.0, 20.0, 1.0, 1.0, 1.0, 1.0]
+    confidence = [20.0, 20.0, 1.0, 0.9, 0.8, 0.7]  # distinct: equal entropies would tie within float rounding
     denoiser = ScriptedDenoiser(tokenizer, ["abcdef"], confidence=confidence)
     config = replace(GREEDY, commit="entropy_bound", entropy_bound=0.5, steps=2)
     counts, span = committed_counts(denoiser, config, 6)
