@@ -68,9 +68,13 @@ class SuggestionCache:
             texts = self._items.get(earlier)
             if texts is None:
                 continue
-            typed_text = line[len(line) - typed :]
-            rest = [t[typed:] for t in texts if t.startswith(typed_text) and len(t) > typed]
+            rest = typed_ahead(texts, line[len(line) - typed :])
             if rest:
                 self._items.move_to_end(earlier)
                 return rest
         return None
+
+
+def typed_ahead(texts: tuple[str, ...] | list[str], typed: str) -> list[str]:
+    """The rest of each suggestion that starts with the text `typed` since it was made (none left: not kept)."""
+    return [text[len(typed) :] for text in texts if text.startswith(typed) and len(text) > len(typed)]

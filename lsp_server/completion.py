@@ -13,6 +13,14 @@ A request goes through these steps, and stops at the first that answers:
 The answer is dropped when the document changed while the model worked; the suggestions stay in the cache, where
 the next request (typically typed-ahead) finds them.
 
+Typing through (`completion.typeThrough`): keys typed at the cursor of a fill (characters inserted there, no line
+break) neither supersede nor outdate it, in its debounce or on the model. It runs to its end and keeps its
+suggestions in the cache, and the request of the latest key waits for it and answers with the rest of each
+suggestion that starts with what was typed since (outcome `through`); when none does, that request starts its own
+fill. Without it a user typing faster than a fill takes stops every fill before it ends (and one typing faster than
+the debounce never starts one), and sees ghost text only after a pause. The debounce so counts from the first key of
+a burst typed at one cursor; any other change still restarts it.
+
 Once ghost text is shown, the user's next request is likely to come right after accepting it (Tab, then the editor
 asks again at the end of the inserted text). With `completion.prefetchAccepted` that fill is started at once in the
 background, on the "prefetch" lane of the scheduler: the document as it will be with the first suggestion
@@ -35,8 +43,8 @@ from lsprotocol import types
 from infill_engine import syntax
 from infill_engine.request import InfillRequest
 from lsp_server import conversion, postprocess, status
-from lsp_server.cache import CacheKey
-from lsp_server.context import Cursor, Snapshot, as_comments, cursor_at, similar_chunks
+from lsp_server.cache import CacheKey, typed_ahead
+from lsp_server.context import Cursor, Snapshot, as_comments, cursor_at, similar_chunks, typed_at
 from lsp_server.scheduler import CANCELLED, CHANGED, FILL, PREFETCH, Ticket
 from lsp_server.settings import Settings
 
@@ -46,6 +54,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 _WORD = re.compile(r"[A-Za-z0-9_]*$")
+TYPE_THROUGH_CHARS = 64  # characters typed at a running fill's cursor, at most, for it to go on (typing through)
 
 
 @dataclass(frozen=True)
@@ -69,12 +78,22 @@ class FillOutcome:
 
 @dataclass
 class _Computation:
-    """A fill running for a document, version and position, which a second identical request can join."""
+    """A fill running for a document, version and position, which a second identical request can join, and a
+    request for the same document with text typed at its cursor since can wait for (typing through)."""
 
-    key: tuple[str, int | None, int]
+    key: tuple[str, int | None, int, int]  # uri, version, cursor offset, candidates
+    text: str  # the document it fills
+    settings: Settings
     ticket: Ticket
     task: asyncio.Task[FillOutcome | None]
     waiters: int = 0
+
+    def typed_since(self, text: str) -> str | None:
+        """What was typed at the fill's cursor to make the document `text`; None when it changed otherwise, or
+        when typing through is off."""
+        if not self.settings.completion.type_through:
+            return None
+        return typed_at(self.text, self.key[2], text, TYPE_THROUGH_CHARS)
 
 
 def gated_variants(fills: list[str], cursor: Cursor, language: str | None) -> list[str]:
@@ -176,28 +195,60 @@ class Completer:
             return self._done(report, "not_ready")
         if ls.document_version(document.uri) != document.version:  # changed while it waited for a prefetch that
             return self._done(report, CHANGED)  # was then superseded: the newer request's fill must not be
-        computation = self._join_or_start(document, cursor, settings, candidates)
-        computation.waiters += 1
-        try:
-            outcome = await asyncio.shield(computation.task)
-        except asyncio.CancelledError:  # $/cancelRequest: the report goes out when the model thread lets go
-            computation.waiters -= 1
-            if computation.waiters == 0:
-                computation.ticket.cancel(CANCELLED)
-            computation.task.add_done_callback(lambda _: self._done(report, CANCELLED, ticket=computation.ticket))
-            raise
-        computation.waiters -= 1
+        computation, typed = self._join_or_start(document, cursor, settings, candidates, key)
+        outcome = await self._wait(computation, report)
+        if typed is not None:
+            # typed through: the fill was for the cursor before the keys typed since; the rest of what starts with
+            # them is the answer, else this request's own fill
+            if ls.document_version(document.uri) != document.version:  # a newer key's request takes it from here:
+                return self._done(report, CHANGED)  # none of the fill's work was this request's, or lost
+            texts = typed_ahead(outcome.texts, typed) if outcome is not None else []
+            if texts:
+                report.cache_hit = True
+                self._prefetch_accepted(document, cursor, texts[0], method, settings)
+                return self._done(report, "through", found.suggestions(texts), ticket=computation.ticket)
+            computation, _ = self._join_or_start(document, cursor, settings, candidates, key)
+            outcome = await self._wait(computation, report)
         if outcome is None:
             return self._done(report, computation.ticket.reason or CANCELLED, ticket=computation.ticket)
         report.stats = outcome.stats
-        if ls.settings is settings:  # made under the settings in force (a change of settings empties the cache)
-            ls.cache.store(key, outcome.texts)
         if ls.document_version(document.uri) != document.version:
             return self._done(report, CHANGED, ticket=computation.ticket)
         if not outcome.texts:
             return self._done(report, "empty", ticket=computation.ticket)
         self._prefetch_accepted(document, cursor, outcome.texts[0], method, settings)
         return self._done(report, "ok", found.suggestions(outcome.texts), ticket=computation.ticket)
+
+    async def _wait(self, computation: _Computation, report: status.Report) -> FillOutcome | None:
+        """The computation's outcome. When the request is cancelled (`$/cancelRequest`) and nobody else waits, the
+        fill stops (the report goes out when the model thread lets go), unless the user typed through it."""
+        computation.waiters += 1
+        try:
+            return await asyncio.shield(computation.task)
+        except asyncio.CancelledError:
+            if computation.waiters == 1 and not self._typed_through(computation):
+                computation.ticket.cancel(CANCELLED)
+                computation.task.add_done_callback(lambda _: self._done(report, CANCELLED, ticket=computation.ticket))
+            else:  # the fill goes on for another request, or for the next key's: none of its work is this one's
+                self._done(report, CANCELLED)
+            raise
+        finally:
+            computation.waiters -= 1
+
+    def types_through(self, uri: str) -> bool:
+        """Whether the document is now the running fill's with text typed at its cursor, by a user typing on while
+        the model works: the fill goes on (see `completion.typeThrough`)."""
+        computation = self._running.get(uri)
+        return computation is not None and self._typed_through(computation)
+
+    def _typed_through(self, computation: _Computation) -> bool:
+        """Whether the fill is still wanted and the document has since changed only by text typed at its cursor."""
+        if computation.task.done() or computation.ticket.cancelled:
+            return False
+        document = self.ls.snapshot(computation.ticket.uri)
+        if document is None or document.version == computation.key[1]:
+            return False
+        return computation.typed_since(document.text) is not None
 
     def is_accepted_state(self, uri: str) -> bool:
         """Whether the document is now as a running prefetch expects it: the ghost text shown was accepted."""
@@ -256,19 +307,38 @@ class Completer:
             del self._prefetches[uri]
         self.ls.scheduler.finish(prefetch.ticket)
 
-    def _join_or_start(self, document: Snapshot, cursor: Cursor, settings: Settings, candidates: int) -> _Computation:
-        """The running computation for this exact request, or a new one that supersedes the document's last."""
+    def _join_or_start(
+        self, document: Snapshot, cursor: Cursor, settings: Settings, candidates: int, cache_key: CacheKey
+    ) -> tuple[_Computation, str | None]:
+        """The running computation for this exact request; or the one this request's keys were typed through, with
+        the text typed since; or a new one that supersedes the document's last."""
         key = (document.uri, document.version, cursor.offset, candidates)
         running = self._running.get(document.uri)
-        if running is not None and running.key == key and not running.task.done() and not running.ticket.cancelled:
-            return running
+        if running is not None and not running.task.done() and not running.ticket.cancelled:
+            if running.key == key:
+                return running, None
+            if running.key[3] == candidates:
+                typed = running.typed_since(document.text)
+                if typed is not None and running.key[2] + len(typed) == cursor.offset:
+                    return running, typed
         ticket = self.ls.scheduler.issue(document.uri, FILL, document.version)
         others = self.ls.other_documents(document.uri) if settings.context.other_documents else []
-        task = asyncio.ensure_future(self._compute(ticket, cursor, document.language, settings, others, candidates))
-        computation = _Computation(key, ticket, task)
+        task = asyncio.ensure_future(
+            self._fill_and_keep(ticket, cache_key, cursor, document.language, settings, others, candidates))
+        computation = _Computation(key, document.text, settings, ticket, task)
         self._running[document.uri] = computation
         task.add_done_callback(lambda _: self._forget(computation))
-        return computation
+        return computation, None
+
+    async def _fill_and_keep(
+        self, ticket: Ticket, cache_key: CacheKey, cursor: Cursor, language: str | None, settings: Settings,
+        others: list[tuple[str, str]], candidates: int,
+    ) -> FillOutcome | None:
+        """A request's fill, its suggestions kept in the cache (also when nobody waits for them any more)."""
+        outcome = await self._compute(ticket, cursor, language, settings, others, candidates)
+        if outcome is not None and self.ls.settings is settings:  # a change of settings empties the cache
+            self.ls.cache.store(cache_key, outcome.texts)
+        return outcome
 
     def _forget(self, computation: _Computation) -> None:
         if self._running.get(computation.ticket.uri) is computation:

@@ -69,6 +69,20 @@ def cursor_at(text: str, offset: int, window: int = WINDOW_CHARS) -> Cursor:
     return Cursor(offset, start, prefix, suffix, around)
 
 
+def typed_at(before: str, offset: int, now: str, limit: int) -> str | None:
+    """The text typed at `offset` that turns the document `before` into `now`: at most `limit` characters, with no
+    line break, nothing else changed; None when `now` is not such a continuation of `before`."""
+    grown = len(now) - len(before)
+    if not 0 <= grown <= limit or offset > len(before):
+        return None
+    typed = now[offset : offset + grown]
+    if "\n" in typed or "\r" in typed:
+        return None
+    if not (now.startswith(before[:offset]) and now.endswith(before[offset:])):
+        return None
+    return typed
+
+
 def indent_unit(text: str) -> str:
     """The document's indentation step: a tab, or the most common difference between indented lines' spaces."""
     tabs = spaces = 0

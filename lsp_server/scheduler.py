@@ -9,6 +9,8 @@ edit of a version that no longer exists; `$/cancelRequest` cancels the request's
 A third lane, "prefetch", is work for a state the user may reach next (the ghost text shown, accepted: see
 `completion.Completer`). It comes last: a ticket of any other lane, for any document, cancels every prefetch, and a
 change to the document spares it only when the change is the one it was made for (`cancel_document`'s `spare`).
+A change also spares the running fill when it only typed text at the fill's cursor (typing through, see
+`completion.Completer`).
 
 Local servers in other tools pile up stale work because nothing like this exists between the editor and the model
 (Neovim's built-in inline completion cancels only on leaving insert mode); here the server does it itself.
@@ -16,6 +18,7 @@ Local servers in other tools pile up stale work because nothing like this exists
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,9 +90,9 @@ class Scheduler:
         if self._current.get((ticket.uri, ticket.lane)) is ticket:
             del self._current[(ticket.uri, ticket.lane)]
 
-    def cancel_document(self, uri: str, reason: str, spare: str | None = None) -> None:
-        """Cancel every ticket of a document (it changed or closed), except those of the lane `spare`."""
-        for key in [key for key in self._current if key[0] == uri and key[1] != spare]:
+    def cancel_document(self, uri: str, reason: str, spare: Collection[str] = ()) -> None:
+        """Cancel every ticket of a document (it changed or closed), except those of the lanes `spare`."""
+        for key in [key for key in self._current if key[0] == uri and key[1] not in spare]:
             self._current.pop(key).cancel(reason)
 
     def cancel_all(self, reason: str) -> None:

@@ -39,7 +39,7 @@ from lsp_server.completion import Completer
 from lsp_server.context import Snapshot
 from lsp_server.conversion import completion_list, inline_completion_list
 from lsp_server.diagnostics import DiagnosticsPublisher
-from lsp_server.scheduler import CHANGED, CLOSED, PREFETCH, RELOAD, SHUTDOWN, Scheduler
+from lsp_server.scheduler import CHANGED, CLOSED, FILL, PREFETCH, RELOAD, SHUTDOWN, Scheduler
 from lsp_server.settings import ModelSettings, Settings, concerns_us, parse_settings
 from lsp_server.worker import ModelHost
 
@@ -319,8 +319,11 @@ def did_open(ls: DiffillServer, params: types.DidOpenTextDocumentParams) -> None
 def did_change(ls: DiffillServer, params: types.DidChangeTextDocumentParams) -> None:
     whole = all(isinstance(c, types.TextDocumentContentChangeWholeDocument) for c in params.content_changes)
     ls.note_version(params.text_document.uri, params.text_document.version, whole)
-    accepted = ls.completer.is_accepted_state(params.text_document.uri)  # the ghost text's prefetch goes on
-    ls.scheduler.cancel_document(params.text_document.uri, CHANGED, spare=PREFETCH if accepted else None)
+    uri = params.text_document.uri
+    spare = [PREFETCH] if ls.completer.is_accepted_state(uri) else []  # the ghost text's prefetch goes on
+    if ls.completer.types_through(uri):  # keys typed at a running fill's cursor: it goes on
+        spare.append(FILL)
+    ls.scheduler.cancel_document(uri, CHANGED, spare=spare)
     ls.diagnostics.schedule(params.text_document.uri)
 
 

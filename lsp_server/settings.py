@@ -144,6 +144,8 @@ class CompletionSettings:
     # passing candidate so far is shown and repairs are skipped; null: no limit
     prefetch_accepted: bool = _setting(True, _boolean)  # once ghost text is shown, fill in the background where
     # the cursor will be if it is accepted, so that the request after Tab is answered from the cache
+    type_through: bool = _setting(True, _boolean)  # keys typed at a running fill's cursor let it finish; the latest
+    # key's request answers with the rest of a suggestion that starts with them, else fills afresh
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -8,7 +8,8 @@ the model:
      "model_started": true, "model": "diffill:model", "state": "ready"}
 
 `outcome` is one of: ok (items > 0), empty (the model ran; nothing passed), cache (answered from the cache, no model
-call), not_ready (the model is loading, failed or absent: `state` says which), superseded, cancelled, changed (the
+call), through (the rest of a suggestion of a fill that the keys since were typed through, see `completion`),
+not_ready (the model is loading, failed or absent: `state` says which), superseded, cancelled, changed (the
 document changed meanwhile; a result for an old version is never returned), disabled (setting or language), invalid
 (a position or range outside the document), unreachable (the engine, a team server or the shared engine, stopped
 answering; `state` is then "unreachable" too, `diffill/debugInfo`'s message says why, and the next request tries it

@@ -73,7 +73,7 @@ async def test_remote_mode_fills_and_a_superseded_fill_stops_on_the_server(team_
         while request(team_server, "GET", "/v1/status", key=KEY)[1]["queued"] == 0:
             assert time.monotonic() < deadline and not pending.done(), "the slow fill never reached the server"
             await asyncio.sleep(0.05)
-        change_document(client, "file:///team/slow.py", "slow = 1\n", 2)
+        change_document(client, "file:///team/slow.py", "# edited\nslow = \n", 2)  # not typed at the cursor
         assert texts(await asyncio.wait_for(pending, WAIT)) == []
         while request(team_server, "GET", "/v1/status", key=KEY)[1]["cancelled"] == before:
             assert time.monotonic() < deadline, "the server never stopped the abandoned fill"

@@ -58,6 +58,7 @@ RULES = (
     # slow fills, to supersede, cancel or outdate them while they run
     Rule("slow = ", "\n", ("1 + 2 + 3 + 4 + 5 + 6 + 7",), slow=True),
     Rule("fast = ", "\n", ("42",)),
+    Rule("through = ", "\n", ("10 + 20",), slow=True),  # keys typed at the cursor while it runs (typing through)
     Rule("def slow_rewrite():\n    return ", "\n", ("0",), slow=True),
 )
 

@@ -6,7 +6,7 @@ from lsprotocol import types
 
 from lsp_server.actions import REWRITE, Editor, EditRequest, placeholder_at
 from lsp_server.cache import CacheKey, SuggestionCache
-from lsp_server.context import as_comments, cursor_at, similar_chunks
+from lsp_server.context import as_comments, cursor_at, similar_chunks, typed_at
 from lsp_server.scheduler import CHANGED, FILL, SUPERSEDED, Scheduler
 
 
@@ -21,6 +21,17 @@ def test_typing_the_start_of_a_suggestion_finds_the_rest():
     assert cache.lookup(key("def f(a, b):\n    return a |\n")) == ["+ b"]
     assert cache.lookup(key("def f(a, b):\n    return a + b|\n")) is None  # nothing left to suggest
     assert cache.lookup(key("def f(a, b):\n    return c|\n")) is None  # typed something else
+
+
+def test_typed_at_finds_only_text_typed_at_the_cursor_on_its_line():
+    before = "x = \ny = 2\n"
+    assert typed_at(before, 4, "x = 1 +\ny = 2\n", 64) == "1 +"
+    assert typed_at(before, 4, before, 64) == ""  # nothing typed yet
+    assert typed_at(before, 4, "x = 1\n\ny = 2\n", 64) is None  # a line break: the fill's line is over
+    assert typed_at(before, 4, "x = 1\ny = 3\n", 64) is None  # a change after the cursor
+    assert typed_at(before, 4, "z = 1\ny = 2\n", 64) is None  # a change before it
+    assert typed_at(before, 4, "x =\ny = 2\n", 64) is None  # a deletion
+    assert typed_at(before, 4, "x = 12345\ny = 2\n", 4) is None  # more than the limit
 
 
 def test_a_change_elsewhere_or_another_language_misses():

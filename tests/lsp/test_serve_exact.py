@@ -7,6 +7,7 @@ The server runs the real engine (canvas, denoising loop, syntax gate, refine) ar
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 import pytest_lsp
@@ -179,6 +180,86 @@ async def test_a_newer_request_supersedes_a_running_one(client: LanguageClient):
     assert field_of(superseded, "steps_done") < 24  # it stopped at a step, not at the end
     # both reached the model, the superseded one's work thrown away (what `diffill bench lsp` counts)
     assert [field_of(s, "model_started") for s in statuses] == [True, True]
+
+
+async def type_during_slow_fill(client: LanguageClient, uri: str, typed: str) -> tuple[Any, list[Any]]:
+    """Ask for ghost text after "through = ", then, while the slow fill runs, type `typed` at the cursor key by key
+    as VS Code does (didChange, $/cancelRequest of the request still waiting, a new request); the last key's answer
+    and the statuses of every request."""
+    tail = f"\n# {uri}\n"  # a document of its own: the suggestion cache is keyed on the text, not the uri
+    open_document(client, uri, f"through = {tail}")
+    seen = len(client.statuses)  # type: ignore[attr-defined]
+    waiting = send_inline(client, uri, 0, 10, f"{uri}#0")
+    await asyncio.sleep(fake_engine.SLOW_STEP_SECONDS * 2)  # the slow fill is running
+    for count in range(1, len(typed) + 1):
+        change_document(client, uri, f"through = {typed[:count]}{tail}", count + 1)
+        client.protocol.notify(types.CANCEL_REQUEST, types.CancelParams(id=f"{uri}#{count - 1}"))
+        try:  # answered with nothing (outdated), or with pygls's error for a cancelled request
+            assert await asyncio.wait_for(asyncio.wrap_future(waiting), WAIT) is None
+        except asyncio.TimeoutError:
+            raise
+        except Exception:  # noqa: BLE001, S110 - the RequestCancelled error
+            pass
+        waiting = send_inline(client, uri, 0, 10 + count, f"{uri}#{count}")
+    last = await asyncio.wait_for(asyncio.wrap_future(waiting), WAIT)
+    for _ in range(len(typed) + 1):
+        await status_after(client, seen + _, types.TEXT_DOCUMENT_INLINE_COMPLETION)
+    return last, client.statuses[seen : seen + len(typed) + 1]  # type: ignore[attr-defined]
+
+
+def send_inline(client: LanguageClient, uri: str, line: int, character: int, msg_id: str) -> Any:
+    params = types.InlineCompletionParams(
+        context=types.InlineCompletionContext(trigger_kind=types.InlineCompletionTriggerKind.Automatic),
+        text_document=types.TextDocumentIdentifier(uri=uri), position=types.Position(line=line, character=character))
+    return client.protocol.send_request(types.TEXT_DOCUMENT_INLINE_COMPLETION, params, msg_id=msg_id)
+
+
+async def test_keys_typed_through_a_running_fill_get_the_rest_of_its_suggestion(client: LanguageClient):
+    last, statuses = await type_during_slow_fill(client, "file:///exact/through.py", "10")
+    assert texts(last) == [" + 20"]  # the fill made for "through = " went on; what was typed since is cut off
+    outcomes = [field_of(s, "outcome") for s in statuses]
+    assert sorted(outcomes) == ["cancelled", "cancelled", "through"]
+    through = statuses[outcomes.index("through")]
+    assert field_of(through, "cache_hit") is True and field_of(through, "steps_done") > 2  # the fill ran on
+    # no request's work was thrown away: the cancelled ones stopped nothing
+    assert all(field_of(s, "steps_done") == 0 for s in statuses if field_of(s, "outcome") == "cancelled")
+
+
+async def test_keys_typed_through_that_do_not_start_the_suggestion_get_their_own_fill(client: LanguageClient):
+    _, statuses = await type_during_slow_fill(client, "file:///exact/through_other.py", "9")
+    cancelled, own = sorted(statuses, key=lambda s: field_of(s, "outcome") != "cancelled")
+    assert field_of(cancelled, "outcome") == "cancelled" and field_of(cancelled, "steps_done") == 0  # it went on
+    assert field_of(own, "outcome") != "through"  # "10 + 20" does not start with "9"
+    assert field_of(own, "cache_hit") is False and field_of(own, "forward_passes") >= 1  # the model filled anew
+
+
+async def test_keys_typed_in_the_debounce_do_not_restart_it(client: LanguageClient):
+    slow_debounce = {**SETTINGS, "completion": {**SETTINGS["completion"], "debounceMs": 1000}}
+    client.workspace_did_change_configuration(types.DidChangeConfigurationParams(settings={"diffill": slow_debounce}))
+    try:
+        await asyncio.sleep(0.2)  # the notification is handled before the next request
+        # the keys come 0.3 s after the first request, well inside its debounce: they join it
+        last, statuses = await type_during_slow_fill(client, "file:///exact/through_debounce.py", "10")
+        assert texts(last) == [" + 20"]
+        assert sorted(field_of(s, "outcome") for s in statuses) == ["cancelled", "cancelled", "through"]
+    finally:
+        client.workspace_did_change_configuration(types.DidChangeConfigurationParams(settings={"diffill": SETTINGS}))
+        await asyncio.sleep(0.2)
+
+
+async def test_with_type_through_off_a_key_stops_the_running_fill(client: LanguageClient):
+    off = {**SETTINGS, "completion": {**SETTINGS["completion"], "typeThrough": False}}
+    client.workspace_did_change_configuration(types.DidChangeConfigurationParams(settings={"diffill": off}))
+    try:
+        await asyncio.sleep(0.2)  # the notification is handled before the next request
+        _, statuses = await type_during_slow_fill(client, "file:///exact/through_off.py", "10")
+        stopped = next(s for s in statuses if field_of(s, "outcome") in ("changed", "cancelled", "superseded")
+                       and field_of(s, "steps_done") > 0)
+        assert field_of(stopped, "steps_done") < 6  # stopped at a step, long before the end
+        assert "through" not in [field_of(s, "outcome") for s in statuses]
+    finally:
+        client.workspace_did_change_configuration(types.DidChangeConfigurationParams(settings={"diffill": SETTINGS}))
+        await asyncio.sleep(0.2)
 
 
 async def test_cancel_request_stops_the_fill_at_its_next_step(client: LanguageClient):

@@ -7,7 +7,7 @@
 export interface StatusPayload {
   method?: string;
   uri?: string;
-  outcome?: string; // ok, empty, cache, not_ready, superseded, cancelled, changed, disabled, invalid, error
+  outcome?: string; // ok, empty, cache, through, not_ready, superseded, cancelled, changed, disabled, invalid, error
   items?: number;
   cache_hit?: boolean;
   ms?: number; // the whole request

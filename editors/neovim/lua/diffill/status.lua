@@ -2,7 +2,7 @@
 
 ---@class diffill.Status
 ---@field method string the request, e.g. textDocument/inlineCompletion
----@field outcome string ok, empty, cache, not_ready, superseded, cancelled, changed, disabled, invalid, error, unreachable
+---@field outcome string ok, empty, cache, through, not_ready, superseded, cancelled, changed, disabled, invalid, error, unreachable
 ---@field items integer
 ---@field cache_hit boolean
 ---@field ms number
