@@ -102,8 +102,9 @@ class Session:
             self.framed.write([REQUEST, call_id, method, params])
         except (OSError, FrameError) as failure:
             with self._lock:
-                self._pending.pop(call_id, None)
-            future.set_exception(failure if isinstance(failure, FrameError) else ConnectionLost(str(failure)))
+                pending = self._pending.pop(call_id, None) is not None
+            if pending:  # else the reader's `close` took the call and failed it with ConnectionLost already
+                future.set_exception(failure if isinstance(failure, FrameError) else ConnectionLost(str(failure)))
         return Call(call_id, future)
 
     def notify(self, method: str, params: Any) -> bool:

@@ -207,3 +207,30 @@ def test_tcp_refuses_a_non_loopback_host_unless_allowed(runtime):
     )
     assert finished.returncode == 2 and "not a loopback address" in finished.stderr
     assert not (runtime / "x.sock").exists()
+
+
+def test_a_request_whose_write_fails_after_the_connection_closed_fails_once_with_connection_lost():
+    """The reader thread may close the session (failing its pending calls) while a request's write is failing:
+    the request's future then holds ConnectionLost once; it used to be set twice, an InvalidStateError that reached
+    the language server as an internal error."""
+    from infill_engine.service.session import ConnectionLost, Session
+
+    class Closing:
+        """A stream whose peer went away while a frame was being written."""
+
+        stream = None
+
+        def write(self, message: object) -> None:
+            session.close("the peer closed the connection")
+            raise ConnectionResetError("connection reset by peer")
+
+    class Stream:
+        def close(self) -> None:
+            pass
+
+    closing = Closing()
+    closing.stream = Stream()
+    session = Session(closing)  # type: ignore[arg-type]
+    call = session.request("fill", {})
+    with pytest.raises(ConnectionLost, match="the peer closed the connection"):
+        call.future.result(timeout=WAIT)
