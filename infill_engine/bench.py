@@ -140,8 +140,10 @@ def matmul_peak_gflops(size: int = 1024, repeats: int = 10) -> float:
 
 @torch.no_grad()
 def forward_cost(engine: InfillEngine, prefix: str, suffix: str, positions: int, candidates: int,
-                 repeats: int = 3) -> tuple[int, float]:
-    """FLOPs of one denoising forward pass at this hole (torch's FlopCounterMode) and its median milliseconds."""
+                 repeats: int = 3) -> tuple[int, float, float]:
+    """FLOPs of one denoising forward pass over the whole canvas at this hole (torch's FlopCounterMode), its median
+    milliseconds, and the FLOPs of the output projection per canvas position and row, which a pass that projects
+    only the open columns (`Denoiser.projects_columns`) spends only there (0 for other denoisers)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     denoiser = engine.denoiser
@@ -155,7 +157,12 @@ def forward_cost(engine: InfillEngine, prefix: str, suffix: str, positions: int,
         start = time.perf_counter()
         denoiser.predict(context, canvas)
         times.append((time.perf_counter() - start) * 1000.0)
-    return counter.get_total_flops(), statistics.median(times)
+    flops, head = counter.get_total_flops(), 0.0
+    if denoiser.projects_columns and positions > 1:
+        with FlopCounterMode(display=False) as one_column:
+            denoiser.predict(context, canvas, columns=torch.zeros(1, dtype=torch.long, device=canvas.device))
+        head = (flops - one_column.get_total_flops()) / (candidates * (positions - 1))
+    return flops, statistics.median(times), head
 
 
 def _measured_fill(engine: InfillEngine, request: InfillRequest, after_keystroke: bool = False
@@ -223,17 +230,18 @@ def bench_fill(
 
 
 def _fill_row(case: FillCase, variant: str, measured: list[tuple[InfillResult, int, int]],
-              costs: list[tuple[int, float]], peak: float) -> dict[str, Any]:
+              costs: list[tuple[int, float, float]], peak: float) -> dict[str, Any]:
     """The summary of one case and variant."""
     stats = [result.stats for result, _, _ in measured]
     totals = [s.ms["total"] for s in stats]
     tokens, passes = sum(s.tokens_generated for s in stats), sum(s.forward_passes for s in stats)
-    # a pass over part of the canvas (its settled end left out) costs that part of a whole pass's FLOPs
+    # the layers run over the whole canvas every pass; the projection only over the columns a pass computed logits
+    # for (`positions_predicted`), so a pass saves the projection of the others
     whole = [max(s.forward_passes * s.canvas_positions * s.candidates, 1) for s in stats]
-    step_flops = [flops * steps * s.positions_predicted / w
-                  for (flops, _), (_, steps, _), s, w in zip(costs, measured, stats, whole)]
+    step_flops = [steps * (flops - head * s.candidates * s.canvas_positions * (1 - s.positions_predicted / w))
+                  for (flops, _, head), (_, steps, _), s, w in zip(costs, measured, stats, whole)]
     step_gflops = [f / s.ms["denoise"] / 1e6 for f, s in zip(step_flops, stats) if s.ms.get("denoise")]
-    forward_gflops = [flops / ms / 1e6 for flops, ms in costs]
+    forward_gflops = [flops / ms / 1e6 for flops, ms, _ in costs]
     step_ms = [s.ms["denoise"] / steps for s, (_, steps, _) in zip(stats, measured) if steps]
     achieved = statistics.median(step_gflops)
     return {
@@ -253,8 +261,8 @@ def _fill_row(case: FillCase, variant: str, measured: list[tuple[InfillResult, i
         "ms_stages_median": {stage: round(statistics.median(s.ms.get(stage, 0.0) for s in stats), 2)
                              for stage in STAGES},
         "ms_per_step_median": round(statistics.median(step_ms), 2) if step_ms else None,
-        "ms_per_forward_median": round(statistics.median(ms for _, ms in costs), 2),
-        "gflop_per_forward": round(statistics.median(flops for flops, _ in costs) / 1e9, 4),
+        "ms_per_forward_median": round(statistics.median(ms for _, ms, _ in costs), 2),
+        "gflop_per_forward": round(statistics.median(flops for flops, _, _ in costs) / 1e9, 4),
         "gflops_steps": round(achieved, 2),
         "gflops_forward_only": round(statistics.median(forward_gflops), 2),
         "share_of_peak_steps": round(achieved / peak, 3),

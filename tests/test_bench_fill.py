@@ -67,3 +67,18 @@ def test_bench_fill_after_a_keystroke_encodes_only_what_the_key_changed(capsys, 
         assert 0 < row["positions_per_pass"] <= 16
         encoded[bool(flag)] = row["context_positions_encoded_median"]
     assert 0 < encoded[True] < encoded[False]
+
+
+def test_forward_cost_separates_the_projection_that_open_columns_alone_pay_for(tmp_path):
+    """The embedded model's passes project only the open columns: the bench counts the projection per position
+    (2 x hidden x vocabulary FLOPs), so a pass over a few columns is not credited with the whole canvas's."""
+    from infill_engine.bench import forward_cost
+    from infill_engine.engine import InfillEngine
+    from infill_engine.interface import ModelSpec
+    from tests import tiny_models
+
+    engine = InfillEngine.load(ModelSpec(path=str(tiny_models.build_diffill(tmp_path / "diffill"))))
+    config = engine.denoiser.model.config
+    flops, ms, head = forward_cost(engine, "def add(a, b):\n    return ", "\n", 8, 2, repeats=1)
+    assert head == 2 * config.hidden_size * config.vocab_size
+    assert 2 * 8 * head < flops and ms > 0  # the layers cost the rest
