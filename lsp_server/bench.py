@@ -110,7 +110,19 @@ def model_work(servers: Sequence[Server]) -> dict[str, Any]:
             "cache_share": round(outcomes.get("cache", 0) / len(statuses), 3) if statuses else None,
             "steps": steps, "steps_thrown_away": wasted,
             "thrown_away_share": round(wasted / steps, 3) if steps else None,
-            "model_calls": len(started), "model_calls_thrown_away": started_wasted}
+            "model_calls": len(started), "model_calls_thrown_away": started_wasted,
+            "server_ms": answer_ms_by_outcome(statuses)}
+
+
+def answer_ms_by_outcome(statuses: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """For answers with items, by where they came from (ok: the request's own fill; cache; through: a fill the keys
+    were typed through), how many and the server's ms from request to answer (p50, p95)."""
+    by_outcome: dict[str, list[float]] = {}
+    for status in statuses:
+        if int(status.get("items") or 0) > 0:
+            by_outcome.setdefault(str(status.get("outcome")), []).append(float(status.get("ms") or 0.0))
+    return {outcome: {"answers": len(ms), "p50_ms": percentile(ms, 0.5), "p95_ms": percentile(ms, 0.95)}
+            for outcome, ms in sorted(by_outcome.items())}
 
 
 def _write(report: dict[str, Any], args: argparse.Namespace, table: Callable[[dict[str, Any]], str]) -> None:
@@ -181,7 +193,8 @@ def model_work_fields(work: dict[str, Any]) -> dict[str, Any]:
             "denoising_steps": work["steps"], "forward_passes_answered": work["forward_passes"],
             "steps_thrown_away": work["steps_thrown_away"],
             "thrown_away_share": work["thrown_away_share"],
-            "model_calls": work["model_calls"], "model_calls_thrown_away": work["model_calls_thrown_away"]}
+            "model_calls": work["model_calls"], "model_calls_thrown_away": work["model_calls_thrown_away"],
+            "server_ms_by_outcome": work["server_ms"]}
 
 
 def lsp_table(report: dict[str, Any]) -> str:
@@ -194,7 +207,9 @@ def lsp_table(report: dict[str, Any]) -> str:
         f"{report['machine_before']['load_average']}",
         f"ghost text on screen after {ghost['after_keys']} of {report['keys']} keys ({ghost['share_of_keys']:.1%}); "
         f"from the key's own answer {ghost['from_answers']}, kept by typing ahead {ghost['kept_by_typing_ahead']}",
-        f"time to ghost text: p50 {ghost['p50_ms']} ms, p95 {ghost['p95_ms']} ms",
+        f"time to ghost text: p50 {ghost['p50_ms']} ms, p95 {ghost['p95_ms']} ms; in the server, answers with items "
+        f"by outcome: " + ", ".join(f"{outcome} {v['answers']} (p50 {v['p50_ms']} / p95 {v['p95_ms']} ms)"
+                                    for outcome, v in report["server_ms_by_outcome"].items()),
         f"answers: {report['answers']}; server outcomes: {report['status_outcomes']}",
         f"from cache: {report['cache_share']}; denoising steps {report['denoising_steps']}, thrown away "
         f"{report['steps_thrown_away']} ({report['thrown_away_share']}); requests the model took up "

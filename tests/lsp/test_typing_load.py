@@ -18,7 +18,7 @@ import pytest
 
 from diffill.cli import main
 from lsp_server import process_usage, typing_replay
-from lsp_server.bench import bench_load, rss_growth
+from lsp_server.bench import answer_ms_by_outcome, bench_load, rss_growth
 from tests.lsp.conftest import SERVER_ENV
 from tests.service.conftest import FACTORY
 
@@ -78,6 +78,17 @@ def test_bench_lsp_types_a_file_through_the_default_engine_and_leaves_nothing_ru
     assert report["answers"]["none"] == 0
     assert 0 < report["model_calls"] and 0 <= report["model_calls_thrown_away"] <= report["model_calls"]
     assert processes_of(tiny_checkpoint) == []
+
+
+def test_bench_lsp_splits_the_server_time_of_answers_by_where_they_came_from():
+    statuses = [{"outcome": "ok", "items": 1, "ms": 180.0}, {"outcome": "ok", "items": 2, "ms": 220.0},
+                {"outcome": "through", "items": 1, "ms": 40.0}, {"outcome": "cache", "items": 1, "ms": 2.0},
+                {"outcome": "empty", "items": 0, "ms": 150.0}, {"outcome": "cancelled", "items": 0, "ms": 30.0}]
+    assert answer_ms_by_outcome(statuses) == {
+        "cache": {"answers": 1, "p50_ms": 2.0, "p95_ms": 2.0},
+        "ok": {"answers": 2, "p50_ms": 180.0, "p95_ms": 220.0},
+        "through": {"answers": 1, "p50_ms": 40.0, "p95_ms": 40.0},
+    }
 
 
 def test_bench_lsp_says_what_was_wrong_with_its_options(capsys: pytest.CaptureFixture[str]):
