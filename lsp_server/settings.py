@@ -138,7 +138,8 @@ class CompletionSettings:
     automatic_candidates: int = _setting(1, _integer(1, MAX_CANDIDATES))  # canvases for ghost text while typing
     max_tokens: int = _setting(64, _integer(1, MAX_SPAN_TOKENS))  # span positions at a line end or in an empty block
     line_tokens: int = _setting(24, _integer(1, MAX_SPAN_TOKENS))  # span positions when the cursor is mid-line
-    debounce_ms: int = _setting(50, _integer(0, 5000))  # wait this long; a newer request in the meantime wins
+    debounce_ms: int = _setting(0, _integer(0, 5000))  # wait this long; a newer request in the meantime wins (keys typed
+    # at the cursor join it: typing through)
     cache_entries: int = _setting(250, _integer(0, 100_000))  # LRU of suggestions by context; 0 turns caching off
     budget_ms: int | None = _setting(250, _optional(_integer(0, 60_000)))  # ms of model work per fill, then the best
     # passing candidate so far is shown and repairs are skipped; null: no limit
