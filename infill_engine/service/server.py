@@ -221,7 +221,8 @@ class EngineService:
 
         def on_step(view: Any) -> bool:
             self.steps += 1
-            session.notify("progress", {"id": job.call_id, "block": view.block, "step": view.step})
+            session.notify("progress", {"id": job.call_id, "block": view.block, "step": view.step,
+                                        "leads": view.leading_texts()})
             return not job.cancelled.is_set()
 
         try:
