@@ -103,7 +103,7 @@ def denoise_row(
         tokens, probs = apply_length_control(denoiser, tokens, probs, max_length, config.min_tokens)
         if on_step is not None:
             view = torch.tensor([tokens], dtype=torch.long)
-            if on_step(StepView(0, step, view, view != mask, denoiser)) is False:
+            if on_step(StepView(0, step, view, view != mask)) is False:
                 raise FillCancelled()
         if deadline is not None and mask in tokens and time.perf_counter() >= deadline:
             stats.over_budget = True

@@ -129,23 +129,6 @@ class StepView:
     step: int  # step within the block, from 0
     canvas: torch.Tensor  # (B, N) current span tokens (noise where not yet decided)
     committed: torch.Tensor  # (B, N) positions decided so far
-    denoiser: Denoiser | None = None  # the fill's, whose tokenizer reads the canvas as text
-
-    def leading_texts(self) -> list[str]:
-        """Per row, the text decided from the span's start: its tokens up to the first undecided position or the
-        end of the span (a token cut short at the end dropped); none without a denoiser."""
-        if self.denoiser is None:
-            return []
-        ends = set(self.denoiser.special.end_of_span_ids)
-        texts = []
-        for tokens, decided in zip(self.canvas.tolist(), self.committed.tolist()):
-            lead = []
-            for token, done in zip(tokens, decided):
-                if not done or token in ends:
-                    break
-                lead.append(token)
-            texts.append(self.denoiser.tokenizer.decode(lead).rstrip("\ufffd"))
-        return texts
 
 
 StepCallback = Callable[[StepView], "bool | None"]  # return False to cancel the fill
@@ -422,8 +405,7 @@ def denoise_block(run: Denoising, block: Block, state: CanvasState) -> int:
             run.stats.stopped_early = True
         done |= confident | rule.settled(state, in_window)
         self_conditioning = prediction.logits if run.denoiser.uses_self_conditioning else None
-        if run.on_step is not None and run.on_step(StepView(block.index, step, state.tokens, state.committed,
-                                                       run.denoiser)) is False:
+        if run.on_step is not None and run.on_step(StepView(block.index, step, state.tokens, state.committed)) is False:
             raise FillCancelled()
         if not bool(done.all()) and run.out_of_time():
             break

@@ -17,9 +17,7 @@ Typing through (`completion.typeThrough`): keys typed at the cursor of a fill (c
 break) neither supersede nor outdate it, in its debounce or on the model. It runs to its end and keeps its
 suggestions in the cache, and the request of the latest key waits for it and answers with the rest of each
 suggestion that starts with what was typed since (outcome `through`); when none does, that request starts its own
-fill. A fill typed through stops at the first step where every row has decided a start that the typed text does
-not fit (the engine's step view reads the decided start as text), so that the latest key's own fill need not wait
-for it to end. Without it a user typing faster than a fill takes stops every fill before it ends (and one typing faster than
+fill. Without it a user typing faster than a fill takes stops every fill before it ends (and one typing faster than
 the debounce never starts one), and sees ghost text only after a pause. The debounce so counts from the first key of
 a burst typed at one cursor; any other change still restarts it.
 
@@ -239,23 +237,18 @@ class Completer:
 
     def types_through(self, uri: str) -> bool:
         """Whether the document is now the running fill's with text typed at its cursor, by a user typing on while
-        the model works: the fill goes on (see `completion.typeThrough`), and stops at a step once it has decided a
-        start that the typed text does not fit."""
+        the model works: the fill goes on (see `completion.typeThrough`)."""
         computation = self._running.get(uri)
         return computation is not None and self._typed_through(computation)
 
     def _typed_through(self, computation: _Computation) -> bool:
-        """Whether the fill is still wanted and the document has since changed only by text typed at its cursor
-        (which the fill's ticket then holds)."""
+        """Whether the fill is still wanted and the document has since changed only by text typed at its cursor."""
         if computation.task.done() or computation.ticket.cancelled:
             return False
         document = self.ls.snapshot(computation.ticket.uri)
         if document is None or document.version == computation.key[1]:
             return False
-        typed = computation.typed_since(document.text)
-        if typed is not None:
-            computation.ticket.typed = typed
-        return typed is not None
+        return computation.typed_since(document.text) is not None
 
     def is_accepted_state(self, uri: str) -> bool:
         """Whether the document is now as a running prefetch expects it: the ghost text shown was accepted."""
@@ -327,7 +320,6 @@ class Completer:
             if running.key[3] == candidates:
                 typed = running.typed_since(document.text)
                 if typed is not None and running.key[2] + len(typed) == cursor.offset:
-                    running.ticket.typed = typed
                     return running, typed
         ticket = self.ls.scheduler.issue(document.uri, FILL, document.version)
         others = self.ls.other_documents(document.uri) if settings.context.other_documents else []

@@ -44,7 +44,6 @@ class Ticket:
     reason: str | None = None  # why it was cancelled; None while it is wanted
     steps: int = 0  # denoising steps run so far
     started: bool = False  # the model thread took the work up (its context encoded, whatever happens next)
-    typed: str = ""  # text typed at the fill's cursor since it was asked for (typing through), which it must fit
 
     @property
     def key(self) -> str:
@@ -62,27 +61,9 @@ class Ticket:
             self.reason = reason
 
     def on_step(self, view: Any) -> bool:
-        """The engine's per-step callback (on the model thread): False stops the fill, also one typed through whose
-        every row has decided a start that what was typed does not fit (its suggestions could not be shown)."""
+        """The engine's per-step callback (on the model thread): False stops the fill."""
         self.steps += 1
-        typed = self.typed
-        if typed and self.reason is None and not fits_typed(view, typed):
-            self.cancel(SUPERSEDED)
         return self.reason is None
-
-
-def fits_typed(view: Any, typed: str) -> bool:
-    """Whether some row's text decided from the span's start (`leading_texts` of the engine's step view; its leading
-    blanks may go, as ghost text at an indentation drops them) and `typed` could still start the same suggestion;
-    True when the view says nothing of it."""
-    leads = view.leading_texts() if hasattr(view, "leading_texts") else []
-    if not leads:
-        return True
-    for lead in leads:
-        for start in (lead, lead.lstrip(" \t")):
-            if start.startswith(typed) or typed.startswith(start):
-                return True
-    return False
 
 
 class Scheduler:

@@ -529,18 +529,3 @@ def test_the_embedded_architecture_projects_only_the_open_positions_with_the_sam
     assert stats.positions_predicted < stats.forward_passes * 2 * 16  # later passes project fewer positions
     for row in span.tokens.tolist():  # each answer still ends as a span does: nothing after its first end
         assert set(row[row.index(end):]) == {end}
-
-
-def test_the_step_view_reads_what_each_row_decided_from_the_span_start(tokenizer):
-    denoiser = ScriptedDenoiser(tokenizer, ["abc", "ab"], confidence=[9.0, 9.0, 0.5, 9.0])
-    leads = []
-    span = denoise_span(denoiser, [], [], 4, replace(GREEDY, threshold=0.9), batch_size=2,
-                        on_step=lambda view: leads.append(view.leading_texts()))
-    # step one decides the sure positions: the start up to the first undecided one, or to the end of the span
-    assert leads[0] == ["ab", "ab"]
-    ends = denoiser.special.end_of_span_ids
-    written = []
-    for row in span.tokens.tolist():
-        ids = row[: next((i for i, t in enumerate(row) if t in ends), len(row))]
-        written.append(tokenizer.decode(ids))
-    assert leads[-1] == written  # once all is decided, the rows' texts

@@ -52,11 +52,6 @@ class RemoteStep:
 
     block: int
     step: int
-    leads: tuple[str, ...] = ()  # per row, the text decided from the span's start (`StepView.leading_texts`)
-
-    def leading_texts(self) -> list[str]:
-        """Per row, the text decided from the span's start, as the engine reported it (none from an older one)."""
-        return list(self.leads)
 
 
 class EngineClient:
@@ -205,9 +200,7 @@ class EngineClient:
                 step = steps.get_nowait()
             except queue.Empty:
                 break
-            leads = step.get("leads")
-            leads = tuple(lead for lead in leads if isinstance(lead, str)) if isinstance(leads, list) else ()
-            wanted = on_step(RemoteStep(int(step.get("block", 0)), int(step.get("step", 0)), leads)) is not False
+            wanted = on_step(RemoteStep(int(step.get("block", 0)), int(step.get("step", 0)))) is not False
         if not wanted:
             self.cancel(call.id)
         return wanted

@@ -221,8 +221,7 @@ class EngineService:
 
         def on_step(view: Any) -> bool:
             self.steps += 1
-            session.notify("progress", {"id": job.call_id, "block": view.block, "step": view.step,
-                                        "leads": view.leading_texts()})
+            session.notify("progress", {"id": job.call_id, "block": view.block, "step": view.step})
             return not job.cancelled.is_set()
 
         try:

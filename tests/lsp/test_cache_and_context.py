@@ -7,7 +7,7 @@ from lsprotocol import types
 from lsp_server.actions import REWRITE, Editor, EditRequest, placeholder_at
 from lsp_server.cache import CacheKey, SuggestionCache
 from lsp_server.context import as_comments, cursor_at, similar_chunks, typed_at
-from lsp_server.scheduler import CHANGED, FILL, SUPERSEDED, Scheduler, Ticket
+from lsp_server.scheduler import CHANGED, FILL, SUPERSEDED, Scheduler
 
 
 def key(document: str, flavour: str = "python") -> CacheKey:
@@ -113,26 +113,3 @@ def test_clients_without_lazy_edits_get_a_command_whose_arguments_name_the_range
     assert action.command.command == "diffill.rewrite"
     request = EditRequest.from_arguments(REWRITE, action.command.arguments)
     assert request == EditRequest(REWRITE, "file:///a.py", selection)
-
-
-class Leads:
-    """A step view that says what each row has decided from the span's start."""
-
-    def __init__(self, *leads: str) -> None:
-        self.leads = list(leads)
-
-    def leading_texts(self) -> list[str]:
-        return self.leads
-
-
-def test_a_fill_typed_through_stops_once_no_row_can_start_with_what_was_typed():
-    ticket = Ticket("file:///a.py", FILL, 1)
-    assert ticket.on_step(Leads("xyz"))  # nothing typed through: any start goes
-    ticket.typed = "10"
-    assert ticket.on_step(Leads(""))  # nothing decided yet
-    assert ticket.on_step(Leads("1"))  # may still become "10..."
-    assert ticket.on_step(Leads("9", "10 + 2"))  # one row fits
-    assert ticket.on_step(Leads("  10"))  # at an indentation ghost text drops the leading blanks
-    assert ticket.on_step(object())  # a view that cannot tell
-    assert not ticket.on_step(Leads("9", "2"))  # no row fits: the fill stops
-    assert ticket.reason == SUPERSEDED and ticket.steps == 7

@@ -63,11 +63,6 @@ def test_fill_over_the_socket_is_the_in_process_fill(engine):
     assert result.candidates[0].gate is not None and result.candidates[0].gate.ok
     assert result.stats.forward_passes == local.stats.forward_passes == len(steps) > 0
     assert isinstance(steps[0], RemoteStep)
-    # each step says what every row has decided from the span's start, as the in-process view reads it
-    local_leads = []
-    build_engine(None).fill(ADD, on_step=lambda view: local_leads.append(view.leading_texts()))
-    assert [step.leading_texts() for step in steps] == local_leads
-    assert steps[-1].leading_texts() == ["a + b", "b + a"]
     assert client.tokenize("return a") == build_engine(None).tokenize("return a")
     client.close()
 
