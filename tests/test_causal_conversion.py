@@ -166,3 +166,13 @@ def test_a_model_trained_from_a_causal_lm_ships_as_a_delta_over_it(llama_dir: Pa
         assert torch.allclose(tensor, full[name], rtol=1e-2, atol=1e-3), name  # trained parts went through bfloat16
     result = InfillEngine(rebuilt).fill(InfillRequest(prefix=PREFIX, suffix=SUFFIX, max_tokens=6, gate=False))
     assert result.candidates
+
+
+def test_export_says_what_is_wrong_with_a_checkpoint_that_is_not_there(tmp_path, capsys):
+    from infill_engine.training.export import main
+
+    with pytest.raises(SystemExit) as stopped:
+        main([str(tmp_path / "missing")])
+    assert stopped.value.code == 2
+    assert "is not a checkpoint directory (no config.json)" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []  # nothing written

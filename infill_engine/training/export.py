@@ -10,6 +10,7 @@ The destination is written beside itself and renamed into place, so a failed exp
 
 from __future__ import annotations
 
+import argparse
 import shutil
 import sys
 import tempfile
@@ -54,13 +55,20 @@ def export_checkpoint(
     return destination
 
 
+def main(argv: list[str] | None = None) -> int:
+    """The command line: export a checkpoint; 2 with a one-line message for a checkpoint that is not there."""
+    parser = argparse.ArgumentParser(prog="python -m infill_engine.training.export",
+                                     description="export a training checkpoint as the embedded model (bfloat16)")
+    parser.add_argument("checkpoint", type=Path, help="a checkpoint directory, e.g. runs/NAME/checkpoints/step-N")
+    parser.add_argument("destination", type=Path, nargs="?", default=PACKAGED_MODEL,
+                        help="where the model goes (default: the embedded model's directory)")
+    parser.add_argument("--delta", metavar="BASE", help="write only what training changed from BASE (its --init-from)")
+    args = parser.parse_args(argv)
+    if not (args.checkpoint / "config.json").is_file():
+        parser.exit(2, f"{parser.prog}: {args.checkpoint} is not a checkpoint directory (no config.json)\n")
+    print(export_checkpoint(args.checkpoint, args.destination, delta_base=args.delta))
+    return 0
+
+
 if __name__ == "__main__":
-    arguments = sys.argv[1:]
-    base = None
-    if "--delta" in arguments and arguments.index("--delta") + 1 < len(arguments):
-        at = arguments.index("--delta")
-        base = arguments[at + 1]
-        del arguments[at : at + 2]
-    if len(arguments) not in (1, 2):
-        sys.exit("usage: python -m infill_engine.training.export CHECKPOINT [DESTINATION] [--delta BASE]")
-    print(export_checkpoint(*arguments, delta_base=base))
+    sys.exit(main())
