@@ -87,13 +87,16 @@ class _Computation:
     ticket: Ticket
     task: asyncio.Task[FillOutcome | None]
     waiters: int = 0
+    _typed: tuple[int | None, str | None] | None = None  # the last answer of `typed_since`: (version, typed)
 
-    def typed_since(self, text: str) -> str | None:
-        """What was typed at the fill's cursor to make the document `text`; None when it changed otherwise, or
-        when typing through is off."""
+    def typed_since(self, document: Snapshot) -> str | None:
+        """What was typed at the fill's cursor to make `document`; None when it changed otherwise, or when typing
+        through is off. Compared once per version (a key asks from its change, its cancel and its request)."""
         if not self.settings.completion.type_through:
             return None
-        return typed_at(self.text, self.key[2], text, TYPE_THROUGH_CHARS)
+        if self._typed is None or self._typed[0] != document.version or document.version is None:
+            self._typed = (document.version, typed_at(self.text, self.key[2], document.text, TYPE_THROUGH_CHARS))
+        return self._typed[1]
 
 
 def gated_variants(fills: list[str], cursor: Cursor, language: str | None) -> list[str]:
@@ -248,7 +251,7 @@ class Completer:
         document = self.ls.snapshot(computation.ticket.uri)
         if document is None or document.version == computation.key[1]:
             return False
-        return computation.typed_since(document.text) is not None
+        return computation.typed_since(document) is not None
 
     def is_accepted_state(self, uri: str) -> bool:
         """Whether the document is now as a running prefetch expects it: the ghost text shown was accepted."""
@@ -318,7 +321,7 @@ class Completer:
             if running.key == key:
                 return running, None
             if running.key[3] == candidates:
-                typed = running.typed_since(document.text)
+                typed = running.typed_since(document)
                 if typed is not None and running.key[2] + len(typed) == cursor.offset:
                     return running, typed
         ticket = self.ls.scheduler.issue(document.uri, FILL, document.version)
