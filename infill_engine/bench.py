@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -13,7 +13,7 @@ import torch
 from infill_engine.canvas import trim_context
 from infill_engine.commit_rules import fresh_noise
 from infill_engine.engine import InfillEngine, InfillRequest, InfillResult
-from infill_engine.sampler import SamplerConfig
+from infill_engine.sampler import SamplerConfig, sampler_variant
 
 BENCH_PREFIX = (
     "import json\n\n\ndef load_settings(path):\n    \"\"\"Read a JSON settings file into a dict.\"\"\"\n"
@@ -104,26 +104,6 @@ def fill_cases(spans: list[str]) -> list[FillCase]:
         else:
             raise ValueError(f"a span is {LINE!r} or a number of positions >= 1 (got {span!r})")
     return cases
-
-
-def sampler_variant(text: str, base: SamplerConfig) -> SamplerConfig:
-    """`base` with "key=value,key=value" overrides of SamplerConfig fields; ValueError names a bad key or value."""
-    types = {f.name: type(getattr(base, f.name)) for f in fields(SamplerConfig)}
-    overrides: dict[str, Any] = {}
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        key, _, value = item.partition("=")
-        if key not in types or not value:
-            raise ValueError(f"a sampler override is KEY=VALUE with KEY one of {', '.join(types)} (got {item!r})")
-        if types[key] is bool:
-            if value.lower() not in ("true", "false"):
-                raise ValueError(f"{key} is true or false (got {value!r})")
-            overrides[key] = value.lower() == "true"
-        else:
-            try:
-                overrides[key] = types[key](value)
-            except ValueError:
-                raise ValueError(f"{key} must be a {types[key].__name__} (got {value!r})") from None
-    return replace(base, **overrides)
 
 
 def matmul_peak_gflops(size: int = 1024, repeats: int = 10) -> float:

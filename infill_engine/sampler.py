@@ -11,7 +11,8 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
 
 import torch
 
@@ -63,6 +64,8 @@ class SamplerConfig:
             position to the end of the canvas, each with probability >= `tail_floor`, that whole tail is
             committed as end-of-span in one step (instead of walking the end in from the right step by step).
         tail_floor: settle_tail: the model probability of end-of-span each position of the tail needs.
+        end_bias: added to the end-of-span logits at every position (nats) before tokens are picked: below 0 the
+            model writes more before it ends a span at unknown length, above 0 less. 0 leaves the model as it is.
         draw: how a sampled token is drawn. "inverse_cdf": one uniform draw per position (fast with several
             candidates); "multinomial": `torch.multinomial` over every row, the draw of transformers' DiffusionGemma
             `generate()`, so the same seed gives its tokens exactly (slower: an exponential variate per vocabulary
@@ -88,6 +91,7 @@ class SamplerConfig:
     stop_at_line_break: bool = False
     settle_tail: bool = True
     tail_floor: float = 0.2
+    end_bias: float = 0.0
     draw: str = "inverse_cdf"
     seed: int = 0
 
@@ -109,6 +113,8 @@ class SamplerConfig:
             problems.append(f"draw must be one of {', '.join(DRAWS)} (got {self.draw!r})")
         if not 0.0 <= self.tail_floor <= 1.0:
             problems.append(f"tail_floor must be within 0..1 (got {self.tail_floor!r})")
+        if not math.isfinite(self.end_bias):
+            problems.append(f"end_bias must be a finite number of nats (got {self.end_bias!r})")
         if not 0.0 <= self.revise_below < 1.0:
             problems.append(f"revise_below must be within 0..1 (got {self.revise_below!r})")
         if not isinstance(self.min_tokens, int) or self.min_tokens < 0:
@@ -119,6 +125,34 @@ class SamplerConfig:
             problems.append("temperatures must be >= 0")
         if problems:
             raise ValueError("; ".join(problems))
+
+
+def sampler_overrides(text: str) -> dict[str, Any]:
+    """SamplerConfig fields from "KEY=VALUE[,KEY=VALUE...]", each read as its field's type; ValueError names a bad
+    key or value (the sampler's own checks included)."""
+    types = {f.name: type(getattr(SamplerConfig, f.name)) for f in fields(SamplerConfig)}
+    overrides: dict[str, Any] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, _, value = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if key not in types or not value:
+            raise ValueError(f"a sampler override is KEY=VALUE with KEY one of {', '.join(types)} (got {item!r})")
+        if types[key] is bool:
+            if value.lower() not in ("true", "false"):
+                raise ValueError(f"{key} is true or false (got {value!r})")
+            overrides[key] = value.lower() == "true"
+        else:
+            try:
+                overrides[key] = types[key](value)
+            except ValueError:
+                raise ValueError(f"{key} must be a {types[key].__name__} (got {value!r})") from None
+    replace(SamplerConfig(), **overrides)  # validated with the sampler's own messages
+    return overrides
+
+
+def sampler_variant(text: str, base: SamplerConfig) -> SamplerConfig:
+    """`base` with the "KEY=VALUE,..." overrides of `sampler_overrides`."""
+    return replace(base, **sampler_overrides(text))
 
 
 @dataclass
@@ -260,6 +294,15 @@ def forbid_early_end(
     return logits
 
 
+def shift_end(logits: torch.Tensor, bias: float, end_ids: tuple[int, ...]) -> torch.Tensor:
+    """`logits` (B, n, V) with `bias` added to the end-of-span tokens (SamplerConfig.end_bias)."""
+    if bias == 0.0 or not end_ids:
+        return logits
+    logits = logits.clone()
+    logits[..., list(end_ids)] += bias
+    return logits
+
+
 def forbid_tokens(
     logits: torch.Tensor, state: CanvasState, config: SamplerConfig, special: SpecialTokens, first_position: int,
     columns: torch.Tensor | None = None,
@@ -389,6 +432,7 @@ def denoise_block(run: Denoising, block: Block, state: CanvasState) -> int:
         logits = run.denoiser.predict(block.context, state.tokens, self_conditioning, **kwargs)  # (B, n, V)
         run.stats.forward_passes += 1
         run.stats.positions_predicted += logits.shape[0] * logits.shape[1]
+        logits = shift_end(logits, config.end_bias, run.denoiser.special.end_of_span_ids)
         logits = forbid_tokens(logits, state, config, run.denoiser.special, block.first_position, columns)
         # pick tokens: draw one per position at each row's temperature; committed positions keep theirs
         temps = row_temperatures(config, step, batch, state.tokens.device)  # (B,)

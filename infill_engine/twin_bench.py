@@ -18,38 +18,16 @@ import statistics
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from infill_engine.engine import InfillEngine, InfillRequest
 from infill_engine.evaluation import Problem, run_test
 from infill_engine.fim_generation import FimGenerator
-from infill_engine.sampler import SamplerConfig
+from infill_engine.sampler import SamplerConfig, sampler_overrides
 
 logger = logging.getLogger(__name__)
-
-def parse_setting(text: str) -> dict[str, Any]:
-    """Sampler overrides from `KEY=VALUE[,KEY=VALUE...]` (SamplerConfig fields); ValueError for an unknown key."""
-    kinds = {f.name: f.type for f in fields(SamplerConfig)}
-    overrides: dict[str, Any] = {}
-    for part in filter(None, text.split(",")):
-        key, _, value = part.partition("=")
-        key = key.strip().replace("-", "_")
-        if key not in kinds or not value:
-            raise ValueError(f"sweep setting {part!r}: expected KEY=VALUE with KEY one of {', '.join(kinds)}")
-        kind = str(kinds[key])
-        if kind == "bool":
-            overrides[key] = value.lower() in ("1", "true", "yes", "on")
-        elif kind == "int":
-            overrides[key] = int(value)
-        elif kind == "float":
-            overrides[key] = float(value)
-        else:
-            overrides[key] = value
-    SamplerConfig(**overrides)  # validated here, with the sampler's own messages
-    return overrides
-
 
 @dataclass
 class Fill:
@@ -132,9 +110,9 @@ def compare(
     workers: int = 2,
     progress: Callable[[str, int, int], None] | None = None,
 ) -> dict[str, Any]:
-    """Both models on the same problems (alternating), then the diffusion sweep (`parse_setting` strings); a
+    """Both models on the same problems (alternating), then the diffusion sweep (`sampler_overrides` strings); a
     JSON-ready report."""
-    settings = [(text, parse_setting(text)) for text in sweep]
+    settings = [(text, sampler_overrides(text)) for text in sweep]
     sweep_problems = sweep_problems if sweep_problems is not None else problems
     base = engine.sampler
     diffusion_fill(engine, problems[0], max_tokens)  # warm-up, not counted

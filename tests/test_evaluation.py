@@ -57,6 +57,22 @@ def test_eval_prints_both_protocols(capsys, bench_file, model_dirs, tmp_path):
     assert len(details["outcomes"]["oracle"]) == 2
 
 
+def test_a_sampler_variant_changes_the_fills_and_a_bad_one_is_refused(capsys, bench_file, model_dirs, tmp_path):
+    """--variant end_bias=-30 writes the whole canvas where +30 ends every span after one token."""
+    lengths = {}
+    for bias in ("-30", "30"):
+        out_file = tmp_path / f"bias{bias}.json"
+        assert main(["eval", "humaneval-infill", "--data", str(bench_file), "--model", str(model_dirs["diffill"]),
+                     "--protocol", "unknown", "--max-tokens", "8", "--variant", f"end_bias={bias}",
+                     "--out", str(out_file)]) == 0
+        assert f"sampler end_bias={bias}" in capsys.readouterr().out
+        outcomes = json.loads(out_file.read_text())["outcomes"]["unknown"]
+        lengths[bias] = sum(len(o["completion"]) for o in outcomes)
+    assert lengths["-30"] > lengths["30"]
+    assert main(["eval", "humaneval-infill", "--data", str(bench_file), "--variant", "end_bias=far"]) == 2
+    assert "end_bias must be a float" in capsys.readouterr().err
+
+
 def test_a_file_in_another_format_is_a_clear_error(capsys, tmp_path, model_dirs):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"question": "?"}\n')

@@ -529,3 +529,21 @@ def test_the_embedded_architecture_projects_only_the_open_positions_with_the_sam
     assert stats.positions_predicted < stats.forward_passes * 2 * 16  # later passes project fewer positions
     for row in span.tokens.tolist():  # each answer still ends as a span does: nothing after its first end
         assert set(row[row.index(end):]) == {end}
+
+
+def test_end_bias_moves_where_a_span_of_unknown_length_ends(tokenizer):
+    """Below 0 the model writes on past the end it would choose; above 0 it ends sooner (after min_tokens)."""
+    denoiser = ScriptedDenoiser(tokenizer, ["return a + b"], margin=3.0)
+    end = denoiser.special.end_of_span_ids[0]
+    script = tokenizer("return a + b", add_special_tokens=False)["input_ids"]
+
+    def written(bias: float) -> list[int]:
+        ids = denoise_span(denoiser, [], [], 12, replace(GREEDY, end_bias=bias)).tokens[0].tolist()
+        return ids[: ids.index(end)] if end in ids else ids
+
+    assert written(0.0) == script
+    assert written(5.0) == script[:1]
+    longer = written(-5.0)
+    assert len(longer) == 12 and longer[: len(script)] == script
+    with pytest.raises(ValueError, match="end_bias"):
+        SamplerConfig(end_bias=float("nan"))

@@ -57,7 +57,8 @@ def run(args: argparse.Namespace) -> int:
 
     from infill_engine.evaluation import DEFAULT_BENCH, load_problems, spread_sample
     from infill_engine.fim_generation import load_twin
-    from infill_engine.twin_bench import compare, parse_setting, plot_sweep
+    from infill_engine.sampler import sampler_overrides
+    from infill_engine.twin_bench import compare, plot_sweep
 
     if args.plot is not None:
         try:
@@ -66,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError("--plot needs matplotlib: pip install 'diffill[plot]'") from None
     try:
         for setting in args.sweep:  # refused before any model loads
-            parse_setting(setting)
+            sampler_overrides(setting)
         problems = load_problems(args.data or DEFAULT_BENCH)
         sample = spread_sample(problems, args.sample)
         sweep_sample = None if args.sweep_sample is None else spread_sample(problems, args.sweep_sample)

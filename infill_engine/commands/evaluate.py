@@ -24,6 +24,8 @@ def add_arguments(evaluation: argparse.ArgumentParser) -> None:
     humaneval.add_argument("--protocol", choices=["both", "unknown", "oracle"], default="both",
                            help="span length unknown (the engine decides), oracle (the true length), or both")
     humaneval.add_argument("--max-tokens", type=int, default=48, help="canvas positions, unknown length (default 48)")
+    humaneval.add_argument("--variant", metavar="KEY=VALUE[,...]",
+                           help="sampler settings for this run, e.g. end_bias=-1,threshold=0.7 (SamplerConfig fields)")
     humaneval.add_argument("--workers", type=int, default=2, help="parallel test subprocesses (default: 2)")
     humaneval.add_argument("--out", help="also write every completion and verdict to this JSON file")
     humaneval.add_argument("--json", action="store_true", help="print JSON")
@@ -35,14 +37,19 @@ def run(args: argparse.Namespace) -> int:
 
     from infill_engine.atomic import write_text_atomic
     from infill_engine.evaluation import DEFAULT_BENCH, PROTOCOLS, evaluate, load_problems, spread_sample
+    from infill_engine.sampler import sampler_overrides, sampler_variant
 
     try:
         problems = load_problems(args.data or DEFAULT_BENCH, args.limit)
         if args.sample is not None:
             problems = spread_sample(problems, args.sample)
+        if args.variant:
+            sampler_overrides(args.variant)  # refused before the model loads
     except ValueError as error:
         raise UsageError(str(error)) from None
     engine = load_in_process(args)
+    if args.variant:
+        engine.sampler = sampler_variant(args.variant, engine.sampler)
     protocols = PROTOCOLS if args.protocol == "both" else (args.protocol,)
 
     def progress(protocol: str, done: int, total: int) -> None:
@@ -57,9 +64,10 @@ def run(args: argparse.Namespace) -> int:
         write_text_atomic(args.out, json.dumps({"summary": summaries, "outcomes": details}, indent=1))
     model = engine.describe()
     if args.json:
-        print(json.dumps({"model": model.path, "summary": summaries}, indent=2))
+        print(json.dumps({"model": model.path, "variant": args.variant or "", "summary": summaries}, indent=2))
         return 0
-    print(f"model: {model.path} ({model.family}); {len(problems)} problems")
+    variant = f"; sampler {args.variant}" if args.variant else ""
+    print(f"model: {model.path} ({model.family}); {len(problems)} problems{variant}")
     print(f"{'protocol':<9} {'pass@1':>7} {'exact':>7} {'syntax':>7} {'tok/fwd':>8} {'ms/problem':>11}")
     for row in summaries:
         print(f"{row['protocol']:<9} {row['pass@1']:>7} {row['exact_match']:>7} {row['syntax_valid']:>7} "
