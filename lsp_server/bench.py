@@ -39,6 +39,9 @@ def add_kinds(kinds: argparse._SubParsersAction) -> dict[str, Callable[[argparse
     lsp.add_argument("--chars", type=int, default=400, help="characters to type (default 400)")
     lsp.add_argument("--line-pause-ms", type=float, default=0.0,
                      help="a pause after each typed line, in ms (default 0: a steady pace)")
+    lsp.add_argument("--typo-every", type=int, default=0, metavar="N",
+                     help="before every N-th key a typo (the key after it), taken back with a backspace "
+                     "(default 0: no typos)")
     load = kinds.add_parser("load", help="a bounded replay of fast typing against one server and three sharing "
                             "one engine: answers, errors, latency, memory")
     _common(load)
@@ -145,7 +148,7 @@ def run_lsp(args: argparse.Namespace) -> int:
         source = typing_replay.source_stretch(args.file or typing_replay.default_source(), args.start_line,
                                               args.chars)
         report = asyncio.run(bench_lsp(source, typing_replay.serve_command(args.model), options_of(args),
-                                       args.rate, args.line_pause_ms / 1000))
+                                       args.rate, args.line_pause_ms / 1000, args.typo_every))
     except ValueError as error:
         raise UsageError(str(error)) from None
     _write(report, args, lsp_table)
@@ -153,9 +156,12 @@ def run_lsp(args: argparse.Namespace) -> int:
 
 
 async def bench_lsp(source: typing_replay.Source, command: Sequence[str], options: dict[str, Any], rate: float,
-                    line_pause: float = 0.0) -> dict[str, Any]:
-    """Type `source.typed` into one server; the report of `diffill bench lsp`."""
+                    line_pause: float = 0.0, typo_every: int = 0) -> dict[str, Any]:
+    """Type `source.typed` into one server (a typo taken back before every `typo_every`-th key, when not 0); the
+    report of `diffill bench lsp`."""
     keys = typing_replay.typing_keys(source.typed, line_pause)
+    if typo_every:
+        keys = typing_replay.with_typos(keys, typo_every)
     before = _machine()
     async with typing_replay.servers(1, command, options) as started:
         server = started[0]
@@ -173,7 +179,7 @@ async def bench_lsp(source: typing_replay.Source, command: Sequence[str], option
     return {
         "file": source.origin, "path": str(source.path), "sha256_16": source.sha256, "start_line": source.start_line,
         "chars": len(source.typed), "keys": len(keys), "rate_keys_per_s": rate,
-        "line_pause_ms": round(line_pause * 1000), "model": server.info.get("model"),
+        "line_pause_ms": round(line_pause * 1000), "typo_every": typo_every, "model": server.info.get("model"),
         "engine_mode": settings.get("engine", {}).get("mode"), "engine_processes": len(children),
         "options": options, "wall_s": round(wall, 1),
         "ghost_text": {"after_keys": seen.shown, "share_of_keys": round(seen.shown / len(keys), 3),
@@ -202,7 +208,8 @@ def lsp_table(report: dict[str, Any]) -> str:
     ghost = report["ghost_text"]
     lines = [
         f"typed {report['chars']} characters ({report['keys']} keys) of {report['file']} from line "
-        f"{report['start_line']} at {report['rate_keys_per_s']:g} keys/s (pause {report['line_pause_ms']} ms a line)",
+        f"{report['start_line']} at {report['rate_keys_per_s']:g} keys/s (pause {report['line_pause_ms']} ms a line"
+        + (f", a typo taken back every {report['typo_every']} keys" if report.get("typo_every") else "") + ")",
         f"model {report['model']}, engine.mode {report['engine_mode']}, wall {report['wall_s']} s, load "
         f"{report['machine_before']['load_average']}",
         f"ghost text on screen after {ghost['after_keys']} of {report['keys']} keys ({ghost['share_of_keys']:.1%}); "

@@ -123,24 +123,32 @@ def typing_keys(text: str, line_pause: float = 0.0) -> list[Keystroke]:
     return keys
 
 
+def with_typos(keys: Sequence[Keystroke], every: int) -> list[Keystroke]:
+    """`keys` with a typo taken back before every `every`-th key that types text: the typist first hits the key
+    after it (or "#" where that is the same key or a line break), sees it, and deletes it with a backspace."""
+    if every < 1:
+        raise ValueError(f"a typo every N keys needs N >= 1 (got {every})")
+    typed: list[Keystroke] = []
+    for index, key in enumerate(keys):
+        if index % every == every - 1 and key.insert and key.insert[0] != "\n":
+            after = keys[index + 1].insert[:1] if index + 1 < len(keys) else ""
+            wrong = after if after and after not in ("\n", key.insert[0]) else "#"
+            typed += [Keystroke(insert=wrong, pause=key.pause, reopen=key.reopen), Keystroke(delete=1)]
+            key = Keystroke(insert=key.insert)
+        typed.append(key)
+    return typed
+
+
 def load_keys(text: str, count: int, backspace_every: int = 23) -> list[Keystroke]:
-    """`count` keys of fast typing over `text`: now and then a typo taken back (backspaces), and when the text runs
-    out the document is closed and typed again from the start."""
+    """`count` keys of fast typing over `text`: now and then a typo taken back (`with_typos`), and when the text
+    runs out the document is closed and typed again from the start."""
     plain = typing_keys(text)
     if not plain:
         raise ValueError("nothing to type")
-    keys: list[Keystroke] = []
-    position, reopen = 0, False
-    while len(keys) < count:
-        if position == len(plain):
-            position, reopen = 0, True
-        key = plain[position]
-        if len(keys) % backspace_every == backspace_every - 1 and key.insert and key.insert[0] != "\n":
-            keys += [Keystroke(insert="#", reopen=reopen), Keystroke(delete=1)]  # a typo, taken back
-            reopen = False
-        keys.append(Keystroke(insert=key.insert, reopen=reopen))
-        position, reopen = position + 1, False
-    return keys[:count]
+    cycled: list[Keystroke] = []
+    while len(cycled) < count:
+        cycled += [Keystroke(insert=plain[0].insert, reopen=bool(cycled)), *plain[1:]]
+    return with_typos(cycled, backspace_every)[:count]
 
 
 class Document:

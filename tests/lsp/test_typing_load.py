@@ -67,12 +67,13 @@ def test_bench_lsp_types_a_file_through_the_default_engine_and_leaves_nothing_ru
     out = tmp_path / "lsp.json"
     done = subprocess.run(
         [sys.executable, "-m", "diffill", "bench", "lsp", "--model", str(tiny_checkpoint), "--chars", "40",
-         "--rate", "50", "--line-pause-ms", "300", "--out", str(out)],
+         "--rate", "50", "--line-pause-ms", "300", "--typo-every", "7", "--out", str(out)],
         env=SERVER_ENV, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     assert "time to ghost text" in done.stdout
     report = json.loads(out.read_text())
     assert report["file"].startswith("pygls ") and report["chars"] == 40
+    assert report["typo_every"] == 7 and "a typo taken back every 7 keys" in done.stdout
     assert report["engine_mode"] == "auto" and report["engine_processes"] == 1  # the default: one shared engine
     assert sum(report["answers"].values()) == report["keys"] and report["answers"]["error"] == 0
     assert report["answers"]["none"] == 0
@@ -96,8 +97,26 @@ def test_bench_lsp_says_what_was_wrong_with_its_options(capsys: pytest.CaptureFi
     assert "--start-line must be from 1" in capsys.readouterr().err
     assert main(["bench", "lsp", "--settings", "[1]"]) == 2
     assert "--settings must be a JSON object" in capsys.readouterr().err
+    assert main(["bench", "lsp", "--typo-every", "-1"]) == 2
+    assert "a typo every N keys needs N >= 1" in capsys.readouterr().err
     assert main(["bench", "load", "--requests", "0"]) == 2
     assert "--requests" in capsys.readouterr().err
+
+
+def test_typos_are_taken_back_so_the_document_ends_as_typed_without_them():
+    text = "def total(values):\n    return sum(values)\n"
+    plain = typing_replay.typing_keys(text)
+    keys = typing_replay.with_typos(plain, 4)
+    backspaces = [i for i, key in enumerate(keys) if key.delete]
+    assert len(backspaces) == len(keys) - len(plain) - len(backspaces) > 3
+    for i in backspaces:  # a wrong key just before each backspace, the right key just after it
+        assert keys[i - 1].insert != keys[i + 1].insert and len(keys[i - 1].insert) == 1
+    document = typing_replay.Document("file:///t.py", "", "")
+    for key in keys:
+        document.change(key)
+    assert document.text == text
+    load = typing_replay.load_keys(text, 60, backspace_every=5)
+    assert len(load) == 60 and sum(key.reopen for key in load) >= 1 and any(key.delete for key in load)
 
 
 def test_typing_leaves_nothing_running_behind_in_the_server():
