@@ -190,9 +190,19 @@ class LockstepMember(Denoiser):
         self.joined = True  # counted among the lockstep's members until `leave`
 
     @property
+    def token_texts(self) -> list[str]:  # type: ignore[override]
+        """The real denoiser's (decoded once for all fills, as the id sets read from it)."""
+        return self.inner.token_texts
+
+    @property
     def line_break_ids(self) -> torch.Tensor:  # type: ignore[override]
         """The real denoiser's (computed once for all fills)."""
         return self.inner.line_break_ids
+
+    @property
+    def blank_ids(self) -> torch.Tensor:  # type: ignore[override]
+        """The real denoiser's (computed once for all fills)."""
+        return self.inner.blank_ids
 
     def encode(self, prefix_ids: list[int], suffix_ids: list[int], span_length: int, batch_size: int) -> EncodedContext:
         """Encoded in the next round, with the other fills' encodes."""

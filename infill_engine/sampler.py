@@ -58,6 +58,8 @@ class SamplerConfig:
         allow_end_of_span: the model may end the span early; False fills every position (a known length).
         min_tokens: the span holds at least this many tokens before it may end (an empty fill is never offered,
             so by default the first position cannot end it).
+        end_after_content: the span may end only after a committed token that is not whitespace, so a fill of
+            indentation alone (which the user sees as nothing) is not offered either.
         stop_at_line_break: single-line fills: once the committed run from the span start holds a line break, the
             span ends there (what follows would be cut anyway), so no step is spent on it.
         settle_tail: commit="threshold"/"schedule": when the argmax is end-of-span at every position from some
@@ -88,6 +90,7 @@ class SamplerConfig:
     suppress_special: bool = True
     allow_end_of_span: bool = True
     min_tokens: int = 1
+    end_after_content: bool = False
     stop_at_line_break: bool = False
     settle_tail: bool = True
     tail_floor: float = 0.2
@@ -305,7 +308,7 @@ def shift_end(logits: torch.Tensor, bias: float, end_ids: tuple[int, ...]) -> to
 
 def forbid_tokens(
     logits: torch.Tensor, state: CanvasState, config: SamplerConfig, special: SpecialTokens, first_position: int,
-    columns: torch.Tensor | None = None,
+    columns: torch.Tensor | None = None, blank_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Logits (B, n, V) of the canvas positions `columns` (all when None) with -inf on the tokens a span may not
     hold where they stand."""
@@ -320,7 +323,32 @@ def forbid_tokens(
         if early.numel():
             logits = logits.clone()
             logits[:, early[:, None], list(special.end_of_span_ids)] = -math.inf
+    if config.end_after_content and first_position == 0 and blank_ids is not None:
+        logits = forbid_blank_end(logits, state, blank_ids, special.end_of_span_ids, columns)
     return forbid_early_end(logits, state, special.end_of_span_ids, columns)
+
+
+def forbid_blank_end(
+    logits: torch.Tensor, state: CanvasState, blank_ids: torch.Tensor, end_ids: tuple[int, ...],
+    columns: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """End-of-span forbidden up to each row's first committed token that is not whitespace (all of the row's
+    positions while it has none): `logits` (B, n, V) of the canvas positions `columns`, or of all when None."""
+    if not end_ids:
+        return logits
+    blank_or_end = torch.isin(state.tokens, torch.cat([blank_ids.to(state.tokens.device),
+                                                       torch.tensor(end_ids, device=state.tokens.device)]))
+    content = state.committed & ~blank_or_end  # (B, N)
+    length = content.shape[1]
+    positions = torch.arange(length, device=content.device)
+    first = torch.where(content, positions, torch.full_like(positions, length)).min(dim=-1).values  # (B,)
+    before = positions[None, :] <= first[:, None]  # (B, N) no content yet up to here
+    if columns is not None:
+        before = before[:, columns]
+    logits = logits.clone()
+    ended = logits[..., list(end_ids)]
+    logits[..., list(end_ids)] = torch.where(before[..., None], torch.full_like(ended, -math.inf), ended)
+    return logits
 
 
 def draw_tokens(
@@ -433,7 +461,8 @@ def denoise_block(run: Denoising, block: Block, state: CanvasState) -> int:
         run.stats.forward_passes += 1
         run.stats.positions_predicted += logits.shape[0] * logits.shape[1]
         logits = shift_end(logits, config.end_bias, run.denoiser.special.end_of_span_ids)
-        logits = forbid_tokens(logits, state, config, run.denoiser.special, block.first_position, columns)
+        blanks = run.denoiser.blank_ids if config.end_after_content else None
+        logits = forbid_tokens(logits, state, config, run.denoiser.special, block.first_position, columns, blanks)
         # pick tokens: draw one per position at each row's temperature; committed positions keep theirs
         temps = row_temperatures(config, step, batch, state.tokens.device)  # (B,)
         prediction = around_committed(run, pick_tokens(logits, temps, config.order, run.generator, config.draw),

@@ -547,3 +547,20 @@ def test_end_bias_moves_where_a_span_of_unknown_length_ends(tokenizer):
     assert len(longer) == 12 and longer[: len(script)] == script
     with pytest.raises(ValueError, match="end_bias"):
         SamplerConfig(end_bias=float("nan"))
+
+
+def test_a_span_of_only_indentation_does_not_end_with_end_after_content(tokenizer):
+    """The model wants indentation and nothing else (what the user would see as no ghost text): with the rule the
+    span writes on past it; the content it writes is the model's next choice."""
+    denoiser = ScriptedDenoiser(tokenizer, ["    ", "    return x"], margin=6.0)
+    end = denoiser.special.end_of_span_ids[0]
+
+    def texts(config: SamplerConfig) -> list[str]:
+        span = denoise_span(denoiser, [], [], 8, config, batch_size=2)
+        return [text_of(tokenizer, denoiser, row) for row in span.tokens]
+
+    assert texts(GREEDY)[0] == "    "
+    blank, written = texts(replace(GREEDY, end_after_content=True))
+    assert blank.strip() != "" and blank.startswith("    ")
+    assert written == "    return x"  # a span with content ends where the model ends it
+    assert end not in denoiser.blank_ids.tolist()

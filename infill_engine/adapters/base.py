@@ -66,10 +66,21 @@ class Denoiser(ABC):
         self.path = path
 
     @functools.cached_property
+    def token_texts(self) -> list[str]:
+        """The text of every token id, decoded alone, read from the tokenizer once."""
+        return self.tokenizer.batch_decode([[i] for i in range(len(self.tokenizer))])
+
+    @functools.cached_property
     def line_break_ids(self) -> torch.Tensor:
-        """(K,) ids of the tokens whose text holds a line break, read from the tokenizer once."""
-        texts = self.tokenizer.batch_decode([[i] for i in range(len(self.tokenizer))])
-        return torch.tensor([i for i, text in enumerate(texts) if "\n" in text], dtype=torch.long)
+        """(K,) ids of the tokens whose text holds a line break."""
+        return torch.tensor([i for i, text in enumerate(self.token_texts) if "\n" in text], dtype=torch.long)
+
+    @functools.cached_property
+    def blank_ids(self) -> torch.Tensor:
+        """(K,) ids of the tokens whose text is only whitespace (indentation, line breaks), special ones left out."""
+        special = {*self.special.end_of_span_ids, *self.special.ids_never_generated}
+        return torch.tensor([i for i, text in enumerate(self.token_texts)
+                             if text and not text.strip() and i not in special], dtype=torch.long)
 
     @property
     def device(self) -> torch.device:
