@@ -22,8 +22,10 @@ the debounce never starts one), and sees ghost text only after a pause. The debo
 a burst typed at one cursor; any other change still restarts it.
 
 Once ghost text is shown, the user's next request is likely to come right after accepting it (Tab, then the editor
-asks again at the end of the inserted text). With `completion.prefetchAccepted` that fill is started at once in the
-background, on the "prefetch" lane of the scheduler: the document as it will be with the first suggestion
+asks again at the end of the inserted text). With `completion.prefetchAccepted` that fill is started in the
+background `completion.prefetchDelayMs` after the ghost text is shown (a key in the meantime stops it before it holds
+the model thread, where the next key's fill would wait for its step; the request after Tab starts it at once), on
+the "prefetch" lane of the scheduler: the document as it will be with the first suggestion
 inserted, at the cursor after it. Its suggestions go into the cache, where that request finds them; a request for
 the same context that arrives while it still runs waits for it. Any other model work supersedes it, and a change of
 the document that is not that acceptance cancels it.
@@ -32,6 +34,7 @@ the document that is not that acceptance cancels it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 from dataclasses import dataclass, field
@@ -152,6 +155,7 @@ class _Prefetch:
     key: CacheKey  # the context of the cursor after the suggestion, where its suggestions are stored
     ticket: Ticket
     task: asyncio.Task[None]
+    wanted: asyncio.Event  # set when a request waits for it: its delay ends at once
 
 
 class Completer:
@@ -266,6 +270,7 @@ class Completer:
         prefetch = self._prefetches.get(uri)
         if prefetch is None or prefetch.key != key or prefetch.task.done() or prefetch.ticket.cancelled:
             return None
+        prefetch.wanted.set()
         await asyncio.shield(prefetch.task)
         return self.ls.cache.lookup(key)
 
@@ -288,16 +293,23 @@ class Completer:
             return
         ticket = self.ls.scheduler.issue(document.uri, PREFETCH, None)
         others = self.ls.other_documents(document.uri) if settings.context.other_documents else []
-        task = asyncio.ensure_future(self._prefetch(ticket, key, after, document.language, settings, others))
-        prefetch = _Prefetch(accepted, key, ticket, task)
+        wanted = asyncio.Event()
+        task = asyncio.ensure_future(
+            self._prefetch(ticket, key, after, document.language, settings, others, wanted))
+        prefetch = _Prefetch(accepted, key, ticket, task, wanted)
         self._prefetches[document.uri] = prefetch
         task.add_done_callback(lambda _: self._forget_prefetch(document.uri, prefetch))
 
     async def _prefetch(
         self, ticket: Ticket, key: CacheKey, cursor: Cursor, language: str | None, settings: Settings,
-        others: list[tuple[str, str]],
+        others: list[tuple[str, str]], wanted: asyncio.Event,
     ) -> None:
-        """The prefetch itself: a fill like a request's, kept in the cache."""
+        """The prefetch itself, after `completion.prefetchDelayMs` unless a request wants it sooner: a fill like a
+        request's, kept in the cache."""
+        delay = settings.completion.prefetch_delay_ms / 1000
+        if delay:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(wanted.wait(), delay)
         candidates = settings.completion.automatic_candidates
         outcome = await self._compute(ticket, cursor, language, settings, others, candidates)
         if outcome is not None and outcome.texts and self.ls.settings is settings:

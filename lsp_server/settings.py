@@ -145,6 +145,9 @@ class CompletionSettings:
     # passing candidate so far is shown and repairs are skipped; null: no limit
     prefetch_accepted: bool = _setting(True, _boolean)  # once ghost text is shown, fill in the background where
     # the cursor will be if it is accepted, so that the request after Tab is answered from the cache
+    prefetch_delay_ms: int = _setting(150, _integer(0, 5000))  # the prefetch waits this long after the ghost text is
+    # shown (a key in the meantime stops it unstarted, so that it does not hold the model while the user types on);
+    # a request that needs its result starts it at once
     type_through: bool = _setting(True, _boolean)  # keys typed at a running fill's cursor let it finish; the latest
     # key's request answers with the rest of a suggestion that starts with them, else fills afresh
 

@@ -138,6 +138,39 @@ async def test_the_request_after_accepting_ghost_text_is_answered_from_the_cache
     assert field_of(status, "cache_hit") is True and field_of(status, "forward_passes") == 0
 
 
+async def with_settings(client: LanguageClient, completion: dict[str, Any]) -> None:
+    """Send SETTINGS with these completion settings, and let the server take them before the next request."""
+    changed = {**SETTINGS, "completion": {**SETTINGS["completion"], **completion}}
+    client.workspace_did_change_configuration(types.DidChangeConfigurationParams(settings={"diffill": changed}))
+    await asyncio.sleep(0.2)
+
+
+async def test_a_key_typed_during_the_prefetch_delay_stops_it_before_it_runs_and_tab_starts_it_at_once(
+    client: LanguageClient,
+):
+    """With a long `prefetchDelayMs`, a key that is not the acceptance stops the prefetch unstarted (no fill is
+    kept); after accepting, the request asks for the prefetch, which then runs at once and answers it."""
+    await with_settings(client, {"prefetchDelayMs": 5000})
+    try:
+        uri = "file:///exact/delay.py"
+        text = "def mul(a, b):\n    product = \n"
+        open_document(client, uri, text)
+        before = await prefetched(client)
+        assert texts(await inline(client, uri, 1, 14)) == ["a * b"]
+        change_document(client, uri, "def mul(a, b):\n    product = b\n", 2)  # typed something else
+        await asyncio.sleep(0.5)
+        assert await prefetched(client) == before
+        change_document(client, uri, text, 3)
+        accepted = await accept_first_ghost_text(client, uri, text, 1, 14, 4)
+        seen = len(client.statuses)  # type: ignore[attr-defined]
+        assert texts(await inline(client, uri, 1, 19)) == ["  # the product"]
+        status = await status_after(client, seen, types.TEXT_DOCUMENT_INLINE_COMPLETION)
+        assert accepted.endswith("a * b\n") and field_of(status, "outcome") == "cache"
+        assert await prefetched(client) == before + 1
+    finally:
+        await with_settings(client, {})
+
+
 async def test_with_prefetch_off_the_request_after_accepting_runs_the_model(client: LanguageClient):
     uri = "file:///exact/accept_off.py"
     text = "def mul(a, b):\n    product = \n"

@@ -58,6 +58,7 @@ M.defaults = {
       debounceMs = 0, -- the server waits this long (after this plugin's own debounce_ms); a newer request wins
       cacheEntries = 250, -- LRU of suggestions by context; 0 turns caching off
       prefetchAccepted = true, -- fill where the cursor goes if the ghost text is accepted, in the background
+      prefetchDelayMs = 150, -- ... after this long without a key (Tab starts it at once)
       typeThrough = true, -- keys typed at the cursor let a running fill finish (its suggestion's rest, if it fits)
       budgetMs = 250, -- ms of model work per fill, then the best passing suggestion so far (vim.NIL: no limit)
     },
