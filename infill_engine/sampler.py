@@ -58,9 +58,8 @@ class SamplerConfig:
         allow_end_of_span: the model may end the span early; False fills every position (a known length).
         min_tokens: the span holds at least this many tokens before it may end (an empty fill is never offered,
             so by default the first position cannot end it).
-        end_after_content: a span that starts with whitespace (committed, or the model's choice at that step) may not
-            end right after it, so a fill of indentation alone (which the user sees as nothing) is not offered
-            either: the position after the whitespace gets the model's best token that is not end-of-span.
+        end_after_content: the span may end only after a committed token that is not whitespace, so a fill of
+            indentation alone (which the user sees as nothing) is not offered either.
         stop_at_line_break: single-line fills: once the committed run from the span start holds a line break, the
             span ends there (what follows would be cut anyway), so no step is spent on it.
         settle_tail: commit="threshold"/"schedule": when the argmax is end-of-span at every position from some
@@ -333,28 +332,22 @@ def forbid_blank_end(
     logits: torch.Tensor, state: CanvasState, blank_ids: torch.Tensor, end_ids: tuple[int, ...],
     columns: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """End-of-span forbidden right after a span start of only whitespace: where a row's leading positions hold
-    whitespace (committed, or the model's choice now), the position after them must be content. `logits` (B, n, V)
-    are those of the canvas positions `columns`, or of all when None."""
+    """End-of-span forbidden up to each row's first committed token that is not whitespace (all of the row's
+    positions while it has none): `logits` (B, n, V) of the canvas positions `columns`, or of all when None."""
     if not end_ids:
         return logits
-    device = state.tokens.device
-    blanks, ends = blank_ids.to(device), torch.tensor(end_ids, device=device)
-    batch, length = state.tokens.shape
-    where = columns if columns is not None else torch.arange(length, device=device)  # (n,) canvas positions
-    positions = torch.arange(length, device=device)
-    forbidden = torch.zeros(batch, length, dtype=torch.bool, device=device)  # (B, N)
-    is_end = torch.isin(torch.arange(logits.shape[-1], device=device), ends)  # (V,)
-    for _ in range(length):  # each round may turn the position after the run from end-of-span into whitespace
-        guess = state.tokens.clone()
-        open_here = ~state.committed[:, where]  # (B, n)
-        guess[:, where] = torch.where(open_here, logits.argmax(dim=-1), guess[:, where])
-        run = torch.isin(guess, blanks).long().cumprod(dim=-1).sum(dim=-1)  # (B,) leading whitespace positions
-        now = (positions[None, :] <= run[:, None]) & (run[:, None] > 0)  # (B, N) the run and the one after it
-        if bool((now == forbidden).all()):
-            return logits
-        forbidden = now
-        logits = logits.masked_fill(forbidden[:, where][..., None] & is_end, -math.inf)
+    blank_or_end = torch.isin(state.tokens, torch.cat([blank_ids.to(state.tokens.device),
+                                                       torch.tensor(end_ids, device=state.tokens.device)]))
+    content = state.committed & ~blank_or_end  # (B, N)
+    length = content.shape[1]
+    positions = torch.arange(length, device=content.device)
+    first = torch.where(content, positions, torch.full_like(positions, length)).min(dim=-1).values  # (B,)
+    before = positions[None, :] <= first[:, None]  # (B, N) no content yet up to here
+    if columns is not None:
+        before = before[:, columns]
+    logits = logits.clone()
+    ended = logits[..., list(end_ids)]
+    logits[..., list(end_ids)] = torch.where(before[..., None], torch.full_like(ended, -math.inf), ended)
     return logits
 
 
