@@ -287,14 +287,21 @@ def forbid_early_end(
     kept = state.frozen & ~is_end  # (B, N)
     positions = torch.arange(kept.shape[1], device=kept.device)
     last_kept = torch.where(kept, positions, torch.full_like(positions, -1)).max(dim=-1).values  # (B,)
-    before = positions[None, :] < last_kept[:, None]  # (B, N)
+    return forbid_end_where(logits, positions[None, :] < last_kept[:, None], end_ids, columns)
+
+
+def forbid_end_where(
+    logits: torch.Tensor, where: torch.Tensor, end_ids: tuple[int, ...], columns: torch.Tensor | None = None
+) -> torch.Tensor:
+    """`logits` (B, n, V) with -inf on end-of-span at the canvas positions `where` (B, N) is True; the logits are
+    those of the positions `columns` (n,), or of all when None."""
     if columns is not None:
-        before = before[:, columns]  # (B, n)
-    if not bool(before.any()):
+        where = where[:, columns]  # (B, n)
+    if not bool(where.any()):
         return logits
     logits = logits.clone()
     banned = logits[..., list(end_ids)]
-    logits[..., list(end_ids)] = torch.where(before[..., None], torch.full_like(banned, -math.inf), banned)
+    logits[..., list(end_ids)] = torch.where(where[..., None], torch.full_like(banned, -math.inf), banned)
     return logits
 
 
@@ -343,13 +350,7 @@ def forbid_blank_end(
     length = content.shape[1]
     positions = torch.arange(length, device=content.device)
     first = torch.where(content, positions, torch.full_like(positions, length)).min(dim=-1).values  # (B,)
-    before = positions[None, :] <= first[:, None]  # (B, N) no content yet up to here
-    if columns is not None:
-        before = before[:, columns]
-    logits = logits.clone()
-    ended = logits[..., list(end_ids)]
-    logits[..., list(end_ids)] = torch.where(before[..., None], torch.full_like(ended, -math.inf), ended)
-    return logits
+    return forbid_end_where(logits, positions[None, :] <= first[:, None], end_ids, columns)  # no content yet
 
 
 def draw_tokens(
