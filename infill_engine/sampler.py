@@ -336,6 +336,17 @@ def forbid_tokens(
     return forbid_early_end(logits, state, special.end_of_span_ids, columns)
 
 
+def first_content(state: CanvasState, blank_ids: torch.Tensor, end_ids: tuple[int, ...]) -> torch.Tensor:
+    """Each row's (B,) first committed canvas position holding a token that is neither whitespace nor end-of-span;
+    the canvas length in a row that has none."""
+    blank_or_end = torch.isin(state.tokens, torch.cat([blank_ids.to(state.tokens.device),
+                                                       torch.tensor(end_ids, device=state.tokens.device)]))
+    content = state.committed & ~blank_or_end  # (B, N)
+    length = content.shape[1]
+    positions = torch.arange(length, device=content.device)
+    return torch.where(content, positions, torch.full_like(positions, length)).min(dim=-1).values
+
+
 def forbid_blank_end(
     logits: torch.Tensor, state: CanvasState, blank_ids: torch.Tensor, end_ids: tuple[int, ...],
     columns: torch.Tensor | None = None,
@@ -344,13 +355,36 @@ def forbid_blank_end(
     positions while it has none): `logits` (B, n, V) of the canvas positions `columns`, or of all when None."""
     if not end_ids:
         return logits
-    blank_or_end = torch.isin(state.tokens, torch.cat([blank_ids.to(state.tokens.device),
-                                                       torch.tensor(end_ids, device=state.tokens.device)]))
-    content = state.committed & ~blank_or_end  # (B, N)
-    length = content.shape[1]
-    positions = torch.arange(length, device=content.device)
-    first = torch.where(content, positions, torch.full_like(positions, length)).min(dim=-1).values  # (B,)
+    first = first_content(state, blank_ids, end_ids)  # (B,)
+    positions = torch.arange(state.tokens.shape[1], device=state.tokens.device)
     return forbid_end_where(logits, positions[None, :] <= first[:, None], end_ids, columns)  # no content yet
+
+
+def start_before_end(
+    unforbidden: torch.Tensor, logits: torch.Tensor, state: CanvasState, blank_ids: torch.Tensor,
+    end_ids: tuple[int, ...], columns: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """end_after_content: the positions (B, N) a step may commit. In a row without content yet, none where the
+    model would have ended the span (its end-of-span logit in `unforbidden` above every logit left in `logits`,
+    both (B, n, V) of the positions `columns`), except the row's leftmost open position: what the model writes
+    only because it may not end there is filler, and a line break committed at the far end would make the fill
+    write every position before it."""
+    batch, length = state.tokens.shape
+    allowed = torch.ones(batch, length, dtype=torch.bool, device=state.tokens.device)
+    if not end_ids:
+        return allowed
+    without_content = first_content(state, blank_ids, end_ids) == length  # (B,)
+    if not bool(without_content.any()):
+        return allowed
+    wanted_end = unforbidden[..., list(end_ids)].amax(dim=-1) > logits.amax(dim=-1)  # (B, n)
+    if columns is None:
+        allowed &= ~wanted_end
+    else:
+        allowed[:, columns] &= ~wanted_end
+    open_positions = ~state.committed & ~state.frozen  # (B, N)
+    leftmost = open_positions.int().argmax(dim=-1)  # (B,) the first open position (0 in a row with none)
+    allowed[torch.arange(batch, device=allowed.device), leftmost] = True
+    return allowed | ~without_content[:, None]
 
 
 def draw_tokens(
@@ -463,7 +497,8 @@ def denoise_block(run: Denoising, block: Block, state: CanvasState) -> int:
         run.stats.forward_passes += 1
         run.stats.positions_predicted += logits.shape[0] * logits.shape[1]
         logits = shift_end(logits, config.end_bias, run.denoiser.special.end_of_span_ids)
-        blanks = run.denoiser.blank_ids if config.end_after_content else None
+        blanks = run.denoiser.blank_ids if config.end_after_content and block.first_position == 0 else None
+        unforbidden = logits
         logits = forbid_tokens(logits, state, config, run.denoiser.special, block.first_position, columns, blanks)
         # pick tokens: draw one per position at each row's temperature; committed positions keep theirs
         temps = row_temperatures(config, step, batch, state.tokens.device)  # (B,)
@@ -471,6 +506,9 @@ def denoise_block(run: Denoising, block: Block, state: CanvasState) -> int:
                                       columns, state)
         # commit: the rule decides which positions keep their token; the others are (re-)noised
         active = ~done[:, None] & in_window  # (B, N) positions this step may change
+        if blanks is not None:  # no content yet: not where the model would have ended the span
+            active &= start_before_end(unforbidden, logits, state, blanks, run.denoiser.special.end_of_span_ids,
+                                       columns)
         rule.commit(state, prediction, active, config.steps - step)
         # check stop: a stable, confident row takes its argmax and is done
         confident = check_stop(history, prediction, in_window, config) & ~done  # (B,)

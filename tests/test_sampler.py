@@ -564,3 +564,42 @@ def test_a_span_of_only_indentation_does_not_end_with_end_after_content(tokenize
     assert blank.strip() != "" and blank.startswith("    ")
     assert written == "    return x"  # a span with content ends where the model ends it
     assert end not in denoiser.blank_ids.tolist()
+
+
+class FarLineBreakDenoiser(ScriptedDenoiser):
+    """The script, with second choices beside it (lower logits: where the first is forbidden, they win); and once a
+    line break stands at the canvas's far end, the model fills every position before it with `filler`, as the
+    embedded model writes a line's worth of text before a line break it is shown."""
+
+    def __init__(self, tokenizer, scripts: list[str], second: dict[int, tuple[int, float]], filler: int) -> None:
+        super().__init__(tokenizer, scripts)
+        self.second, self.filler = second, filler  # span position -> (token id, logit)
+        (self.line_break,) = tokenizer("\n", add_special_tokens=False)["input_ids"]
+
+    def predict(self, context, canvas, self_conditioning=None) -> torch.Tensor:
+        logits = super().predict(context, canvas, self_conditioning)
+        for position, (token, logit) in self.second.items():
+            logits[:, position, token] = logit
+        ended = canvas[:, -1] == self.line_break  # (B,)
+        logits[ended, :-1, self.filler] = 20.0
+        return logits
+
+
+def test_end_after_content_does_not_commit_what_the_model_writes_only_because_it_may_not_end(tokenizer):
+    """The model wants indentation, then the span's end; its second choice at the far end is a line break (nearly
+    as sure as the end), and after the indentation `return`. The rule forbids the end; a line break committed at
+    the far end would make the fill write every position before it. So while a row has no content it commits
+    only where the model did not want the end, or its leftmost open position: the fill is the indentation and
+    `return`, and the rest ends in one step."""
+    (word,) = tokenizer(" return", add_special_tokens=False)["input_ids"]
+    (filler,) = tokenizer("x", add_special_tokens=False)["input_ids"]
+    length = 10
+    (line_break,) = tokenizer("\n", add_special_tokens=False)["input_ids"]
+    denoiser = FarLineBreakDenoiser(tokenizer, ["   "], {length - 1: (line_break, 11.0), 1: (word, 4.0)}, filler)
+    stats = FillStats()
+    span = denoise_span(denoiser, [], [], length, replace(GREEDY, end_after_content=True), stats=stats)
+    assert text_of(tokenizer, denoiser, span.tokens[0]) == "    return"
+    assert stats.forward_passes == 3  # indentation, then `return`, then the end settled at once
+    assert all(not bool((canvas[:, -1] == line_break).any()) for canvas in denoiser.seen_canvases)
+    plain = denoise_span(denoiser, [], [], length, GREEDY).tokens[0]
+    assert text_of(tokenizer, denoiser, plain) == "   "  # without the rule: indentation alone
