@@ -113,6 +113,8 @@ class InfillEngine:
         config = self.sampler if request.seed is None else replace(self.sampler, seed=request.seed)
         if request.single_line:  # the fill is cut at its first line break: stop denoising there
             config = replace(config, stop_at_line_break=True)
+        if request.require_content:
+            config = replace(config, end_after_content=True)
         deadline = None if request.budget_ms is None else time.perf_counter() + request.budget_ms / 1000.0
         with stats.timed("total"):
             with stats.timed("tokenize"):

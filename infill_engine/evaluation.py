@@ -179,8 +179,10 @@ def evaluate(
     max_tokens: int = 48,
     workers: int = 2,
     progress: Any = None,
+    budget_ms: int | None = None,
 ) -> list[Report]:
-    """Fill every problem under each protocol, then run the tests in parallel subprocesses."""
+    """Fill every problem under each protocol, then run the tests in parallel subprocesses; `budget_ms` is each
+    fill's time budget, as the language server sets it (InfillRequest.budget_ms; None: no limit)."""
     reports = []
     base = engine.sampler
     for protocol in protocols:
@@ -189,7 +191,8 @@ def evaluate(
             exact_length = protocol == "oracle"
             engine.sampler = replace(base, allow_end_of_span=not exact_length)
             length = oracle_length(engine, problem) if exact_length else max_tokens
-            result = engine.fill(InfillRequest(problem.prompt, problem.suffix, "python", max_tokens=length))
+            result = engine.fill(InfillRequest(problem.prompt, problem.suffix, "python", max_tokens=length,
+                                               budget_ms=budget_ms))
             best = result.candidates[0] if result.candidates else (result.rejected[0] if result.rejected else None)
             completion = best.text if best is not None else ""
             report.outcomes.append(Outcome(

@@ -32,6 +32,7 @@ class InfillRequest:
     gate: bool = True  # drop candidates that add syntax problems (after trying to repair them)
     seed: int | None = None  # overrides SamplerConfig.seed
     single_line: bool = False  # the fill ends at its first line break (ghost text in the middle of a line)
+    require_content: bool = False  # the fill holds more than whitespace (SamplerConfig.end_after_content)
     repair_rounds: int | None = None  # overrides the engine's repair budget (0: reject without repairing)
     budget_ms: int | None = None  # ms, then the loop takes its argmax and repairs are skipped; None: no limit
 

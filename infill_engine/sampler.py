@@ -59,8 +59,10 @@ class SamplerConfig:
         min_tokens: the span holds at least this many tokens before it may end (an empty fill is never offered,
             so by default the first position cannot end it).
         end_after_content: the span may end only after a committed token that is not whitespace, so a fill of
-            indentation alone (which the user sees as nothing) is not offered either. Off: with the shipped model
-            it raised pass@1 at unknown length but cost 1.7-6x the time per fill (docs/BENCHMARKS.md).
+            indentation alone (which the user sees as nothing) is not offered either; until a row has such a
+            token, a step commits only where the model did not want the end, or at the leftmost open position
+            (`start_before_end`). Off here; InfillRequest.require_content turns it on for a request (with the
+            embedded model: pass@1 at unknown length 3.10 -> 3.87, about twice the time, docs/BENCHMARKS.md).
         stop_at_line_break: single-line fills: once the committed run from the span start holds a line break, the
             span ends there (what follows would be cut anyway), so no step is spent on it.
         settle_tail: commit="threshold"/"schedule": when the argmax is end-of-span at every position from some

@@ -79,12 +79,33 @@ class FillOutcome:
     stats: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class FillKind:
+    """How a request's fill is made: its canvases, and whether it must write more than whitespace."""
+
+    candidates: int
+    require_content: bool
+
+    @classmethod
+    def of(cls, settings: Settings, asked: bool) -> FillKind:
+        """The kind of fill a request gets: `asked` when the user asked for suggestions (completion items, or ghost
+        text invoked by a key), else ghost text while typing."""
+        completion = settings.completion
+        content = completion.require_content == "always" or (completion.require_content == "asked" and asked)
+        return cls(completion.candidates if asked else completion.automatic_candidates, content)
+
+    @property
+    def label(self) -> str:
+        """What sets the kind's suggestions apart in the cache."""
+        return f"{self.candidates}{'+content' if self.require_content else ''}"
+
+
 @dataclass
 class _Computation:
     """A fill running for a document, version and position, which a second identical request can join, and a
     request for the same document with text typed at its cursor since can wait for (typing through)."""
 
-    key: tuple[str, int | None, int, int]  # uri, version, cursor offset, candidates
+    key: tuple[str, int | None, int, FillKind]  # uri, version, cursor offset, kind of fill
     text: str  # the document it fills
     settings: Settings
     ticket: Ticket
@@ -123,9 +144,9 @@ def fill_job(
     settings: Settings,
     others: list[tuple[str, str]],
     ticket: Ticket,
-    candidates: int = 1,
+    kind: FillKind = FillKind(1, False),
 ) -> FillOutcome:
-    """On the model thread: fill at the cursor with `candidates` canvases and keep the tidied fills that pass."""
+    """On the model thread: fill at the cursor as `kind` says and keep the tidied fills that pass."""
     around = cursor.around
     max_tokens = settings.completion.max_tokens if around.multiline else settings.completion.line_tokens
     extra = ""
@@ -134,7 +155,8 @@ def fill_job(
         extra = as_comments(chunks, language, around.newline)
     request = InfillRequest(
         prefix=extra + cursor.prefix, suffix=cursor.suffix, language=language, max_tokens=max_tokens,
-        candidates=candidates, single_line=not around.multiline, budget_ms=settings.completion.budget_ms,
+        candidates=kind.candidates, single_line=not around.multiline, budget_ms=settings.completion.budget_ms,
+        require_content=kind.require_content,
     )
     try:
         result = engine.fill(request, on_step=ticket.on_step, document=ticket.key)
@@ -173,7 +195,8 @@ class Completer:
         """Suggestions at `position`, or None (the `diffill/status` notification says why).
 
         `asked`: the user asked for suggestions (completion items, or ghost text invoked by a key), which get
-        `completion.candidates` canvases; ghost text while typing gets `completion.automaticCandidates`.
+        `completion.candidates` canvases; ghost text while typing gets `completion.automaticCandidates`; see
+        `FillKind.of`.
         """
         ls, settings = self.ls, self.ls.settings
         report = status.Report(method, document.uri)
@@ -187,8 +210,8 @@ class Completer:
         word = _WORD.search(cursor.around.line_before).group()  # type: ignore[union-attr]
         word_range = index.range_of(offset - len(word), offset, ls.encoding)
         found = _Found(cursor, index.position_at(offset, ls.encoding), word_range, word)
-        candidates = settings.completion.candidates if asked else settings.completion.automatic_candidates
-        key = CacheKey.of(cursor, f"{document.language or ''}:{candidates}")
+        kind = FillKind.of(settings, asked)
+        key = CacheKey.of(cursor, f"{document.language or ''}:{kind.label}")
         try:
             cached = ls.cache.lookup(key) or await self._prefetched(document.uri, key)
         except asyncio.CancelledError:  # $/cancelRequest while it waited for the prefetch
@@ -202,7 +225,7 @@ class Completer:
             return self._done(report, "not_ready")
         if ls.document_version(document.uri) != document.version:  # changed while it waited for a prefetch that
             return self._done(report, CHANGED)  # was then superseded: the newer request's fill must not be
-        computation, typed = self._join_or_start(document, cursor, settings, candidates, key)
+        computation, typed = self._join_or_start(document, cursor, settings, kind, key)
         outcome = await self._wait(computation, report)
         if typed is not None:
             # typed through: the fill was for the cursor before the keys typed since; the rest of what starts with
@@ -214,7 +237,7 @@ class Completer:
                 report.cache_hit = True
                 self._prefetch_accepted(document, cursor, texts[0], method, settings)
                 return self._done(report, "through", found.suggestions(texts), ticket=computation.ticket)
-            computation, _ = self._join_or_start(document, cursor, settings, candidates, key)
+            computation, _ = self._join_or_start(document, cursor, settings, kind, key)
             outcome = await self._wait(computation, report)
         if outcome is None:
             return self._done(report, computation.ticket.reason or CANCELLED, ticket=computation.ticket)
@@ -284,8 +307,8 @@ class Completer:
             return
         accepted = document.text[: cursor.offset] + shown + document.text[cursor.offset :]
         after = cursor_at(accepted, cursor.offset + len(shown))
-        candidates = settings.completion.automatic_candidates  # the request after Tab is one while typing
-        key = CacheKey.of(after, f"{document.language or ''}:{candidates}")
+        kind = FillKind.of(settings, asked=False)  # the request after Tab is one while typing
+        key = CacheKey.of(after, f"{document.language or ''}:{kind.label}")
         running = self._prefetches.get(document.uri)
         if running is not None and running.key == key and not running.task.done() and not running.ticket.cancelled:
             return
@@ -295,14 +318,14 @@ class Completer:
         others = self.ls.other_documents(document.uri) if settings.context.other_documents else []
         wanted = asyncio.Event()
         task = asyncio.ensure_future(
-            self._prefetch(ticket, key, after, document.language, settings, others, wanted))
+            self._prefetch(ticket, key, after, document.language, settings, others, wanted, kind))
         prefetch = _Prefetch(accepted, key, ticket, task, wanted)
         self._prefetches[document.uri] = prefetch
         task.add_done_callback(lambda _: self._forget_prefetch(document.uri, prefetch))
 
     async def _prefetch(
         self, ticket: Ticket, key: CacheKey, cursor: Cursor, language: str | None, settings: Settings,
-        others: list[tuple[str, str]], wanted: asyncio.Event,
+        others: list[tuple[str, str]], wanted: asyncio.Event, kind: FillKind,
     ) -> None:
         """The prefetch itself, after `completion.prefetchDelayMs` unless a request wants it sooner: a fill like a
         request's, kept in the cache."""
@@ -310,8 +333,7 @@ class Completer:
         if delay:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(wanted.wait(), delay)
-        candidates = settings.completion.automatic_candidates
-        outcome = await self._compute(ticket, cursor, language, settings, others, candidates)
+        outcome = await self._compute(ticket, cursor, language, settings, others, kind)
         if outcome is not None and outcome.texts and self.ls.settings is settings:
             self.ls.cache.store(key, outcome.texts)
             self.prefetched += 1
@@ -323,23 +345,23 @@ class Completer:
         self.ls.scheduler.finish(prefetch.ticket)
 
     def _join_or_start(
-        self, document: Snapshot, cursor: Cursor, settings: Settings, candidates: int, cache_key: CacheKey
+        self, document: Snapshot, cursor: Cursor, settings: Settings, kind: FillKind, cache_key: CacheKey
     ) -> tuple[_Computation, str | None]:
         """The running computation for this exact request; or the one this request's keys were typed through, with
         the text typed since; or a new one that supersedes the document's last."""
-        key = (document.uri, document.version, cursor.offset, candidates)
+        key = (document.uri, document.version, cursor.offset, kind)
         running = self._running.get(document.uri)
         if running is not None and not running.task.done() and not running.ticket.cancelled:
             if running.key == key:
                 return running, None
-            if running.key[3] == candidates:
+            if running.key[3] == kind:
                 typed = running.typed_since(document)
                 if typed is not None and running.key[2] + len(typed) == cursor.offset:
                     return running, typed
         ticket = self.ls.scheduler.issue(document.uri, FILL, document.version)
         others = self.ls.other_documents(document.uri) if settings.context.other_documents else []
         task = asyncio.ensure_future(
-            self._fill_and_keep(ticket, cache_key, cursor, document.language, settings, others, candidates))
+            self._fill_and_keep(ticket, cache_key, cursor, document.language, settings, others, kind))
         computation = _Computation(key, document.text, settings, ticket, task)
         self._running[document.uri] = computation
         task.add_done_callback(lambda _: self._forget(computation))
@@ -347,10 +369,10 @@ class Completer:
 
     async def _fill_and_keep(
         self, ticket: Ticket, cache_key: CacheKey, cursor: Cursor, language: str | None, settings: Settings,
-        others: list[tuple[str, str]], candidates: int,
+        others: list[tuple[str, str]], kind: FillKind,
     ) -> FillOutcome | None:
         """A request's fill, its suggestions kept in the cache (also when nobody waits for them any more)."""
-        outcome = await self._compute(ticket, cursor, language, settings, others, candidates)
+        outcome = await self._compute(ticket, cursor, language, settings, others, kind)
         if outcome is not None and self.ls.settings is settings:  # a change of settings empties the cache
             self.ls.cache.store(cache_key, outcome.texts)
         return outcome
@@ -362,7 +384,7 @@ class Completer:
 
     async def _compute(
         self, ticket: Ticket, cursor: Cursor, language: str | None, settings: Settings, others: list[tuple[str, str]],
-        candidates: int,
+        kind: FillKind,
     ) -> FillOutcome | None:
         """Debounce, then fill on the model thread; None when superseded or cancelled first."""
         if settings.completion.debounce_ms:
@@ -370,7 +392,7 @@ class Completer:
         if ticket.cancelled:
             return None
         job = partial(fill_job, cursor=cursor, language=language, settings=settings, others=others, ticket=ticket,
-                      candidates=candidates)
+                      kind=kind)
         return await self.ls.host.run(job, ticket)
 
     def _done(

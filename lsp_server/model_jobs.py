@@ -58,11 +58,11 @@ class Span:
 
 def rewrite_job(engine: Engine, span: Span, language: str | None, settings: Settings,
                 instruction: str | None, ticket: Ticket) -> tuple[str | None, dict[str, Any]]:
-    """On the model thread: a fresh fill in place of the selection."""
+    """On the model thread: a fresh fill in place of the selection (never blank: a blank one would be dropped)."""
     tokens = engine.count_tokens(span.original)
     max_tokens = max(8, min(settings.rewrite.max_tokens, tokens * 3 // 2 + 8))
     request = InfillRequest(_with_instruction(span.before, instruction, language), span.after, language=language,
-                            max_tokens=max_tokens, candidates=settings.rewrite.candidates)
+                            max_tokens=max_tokens, candidates=settings.rewrite.candidates, require_content=True)
     result = engine.fill(request, on_step=ticket.on_step, document=ticket.key)
     texts = [_shaped_like(c.text, span.original) for c in result.candidates + result.rejected]
     return span.first_passing(texts, language), result.stats.as_dict()
@@ -81,7 +81,7 @@ def fill_here_job(engine: Engine, span: Span, language: str | None, settings: Se
                   ticket: Ticket) -> tuple[str | None, dict[str, Any]]:
     """On the model thread: a multi-line fill in place of a placeholder, tidied like ghost text."""
     request = InfillRequest(span.before, span.after, language=language, max_tokens=settings.rewrite.max_tokens,
-                            candidates=settings.rewrite.candidates)
+                            candidates=settings.rewrite.candidates, require_content=True)
     result = engine.fill(request, on_step=ticket.on_step, document=ticket.key)
     around = cursor_at(span.before + span.after, len(span.before)).around
     texts = [v for c in result.candidates + result.rejected for v in postprocess.variants(c.text, around)]

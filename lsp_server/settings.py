@@ -136,6 +136,9 @@ class CompletionSettings:
     enabled: bool = _setting(True, _boolean)
     candidates: int = _setting(2, _integer(1, MAX_CANDIDATES))  # canvases when asked for (Invoked, completion items)
     automatic_candidates: int = _setting(1, _integer(1, MAX_CANDIDATES))  # canvases for ghost text while typing
+    require_content: str = _setting("asked", _choice("asked", "always", "never"))  # which fills must write more
+    # than whitespace (the span may not end before it): those the user asked for (Invoked, completion items), every
+    # fill, or none. It finds a suggestion where the model would rather write nothing, at about twice the time
     max_tokens: int = _setting(64, _integer(1, MAX_SPAN_TOKENS))  # span positions at a line end or in an empty block
     line_tokens: int = _setting(24, _integer(1, MAX_SPAN_TOKENS))  # span positions when the cursor is mid-line
     debounce_ms: int = _setting(0, _integer(0, 5000))  # wait this long; a newer request in the meantime wins (keys typed

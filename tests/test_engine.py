@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from infill_engine.interface import ModelSpec
@@ -135,3 +137,18 @@ def test_scores_are_the_models_probabilities_not_the_sampling_temperatures(token
     cold = InfillEngine(denoiser, sampler=SURE)
     request = InfillRequest("y = ", "\n", language="python", max_tokens=4)
     assert hot.fill(request).candidates[0].score == pytest.approx(cold.fill(request).candidates[0].score, abs=1e-4)
+
+
+def test_a_request_that_requires_content_gets_more_than_whitespace_over_the_wire_too():
+    """The model would write a space and end; `require_content` holds the end back until it has written more. The
+    flag travels to a shared engine, and anything but true or false is refused."""
+    from infill_engine.service.wire import request_from_wire, request_to_wire
+    from tests.lsp.fake_engine import build_engine
+
+    engine = build_engine(None)
+    request = InfillRequest("def pad(a):\n    return", "\n", language="python", max_tokens=8)
+    assert engine.fill(request).text == " "
+    wanted = request_from_wire(request_to_wire(replace(request, require_content=True)))
+    assert wanted.require_content and engine.fill(wanted).text == " a"
+    with pytest.raises(ValueError, match="require_content must each be true or false"):
+        request_from_wire({"prefix": "a", "suffix": "b", "require_content": "yes"})

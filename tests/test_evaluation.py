@@ -73,6 +73,22 @@ def test_a_sampler_variant_changes_the_fills_and_a_bad_one_is_refused(capsys, be
     assert "end_bias must be a float" in capsys.readouterr().err
 
 
+def test_a_time_budget_as_the_server_sets_it_cuts_each_fill_short(capsys, bench_file, model_dirs, tmp_path):
+    """--budget-ms 0: one denoising step a fill (the rest takes the model's best guess), so each fill writes all
+    of its tokens in that one pass; the random tiny model is too unsure to do so without a budget."""
+    per_forward = {}
+    for budget in ([], ["--budget-ms", "0"]):
+        out_file = tmp_path / f"budget{len(budget)}.json"
+        assert main(["eval", "humaneval-infill", "--data", str(bench_file), "--model", str(model_dirs["diffill"]),
+                     "--protocol", "unknown", "--max-tokens", "8", *budget, "--out", str(out_file)]) == 0
+        assert ("budget 0 ms a fill" in capsys.readouterr().out) == bool(budget)
+        outcomes = json.loads(out_file.read_text())["outcomes"]["unknown"]
+        per_forward[bool(budget)] = sum(o["tokens_per_forward"] for o in outcomes)
+    assert per_forward[True] > per_forward[False]
+    assert main(["eval", "humaneval-infill", "--data", str(bench_file), "--budget-ms", "-1"]) == 2
+    assert "--budget-ms must be an integer >= 0" in capsys.readouterr().err
+
+
 def test_a_file_in_another_format_is_a_clear_error(capsys, tmp_path, model_dirs):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"question": "?"}\n')

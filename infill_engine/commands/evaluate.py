@@ -26,6 +26,10 @@ def add_arguments(evaluation: argparse.ArgumentParser) -> None:
     humaneval.add_argument("--max-tokens", type=int, default=48, help="canvas positions, unknown length (default 48)")
     humaneval.add_argument("--variant", metavar="KEY=VALUE[,...]",
                            help="sampler settings for this run, e.g. end_bias=-1,threshold=0.7 (SamplerConfig fields)")
+    humaneval.add_argument("--budget-ms", type=int, metavar="MS",
+                           help="each fill's time budget, as the language server's completion.budgetMs (250) sets "
+                                "it: past it the undecided positions take the model's best guess and repairs are "
+                                "skipped; the scores then depend on the machine's speed (default: no limit)")
     humaneval.add_argument("--workers", type=int, default=2, help="parallel test subprocesses (default: 2)")
     humaneval.add_argument("--out", help="also write every completion and verdict to this JSON file")
     humaneval.add_argument("--json", action="store_true", help="print JSON")
@@ -45,6 +49,8 @@ def run(args: argparse.Namespace) -> int:
             problems = spread_sample(problems, args.sample)
         if args.variant:
             sampler_overrides(args.variant)  # refused before the model loads
+        if args.budget_ms is not None and args.budget_ms < 0:
+            raise ValueError(f"--budget-ms must be an integer >= 0 (milliseconds) (got {args.budget_ms})")
     except ValueError as error:
         raise UsageError(str(error)) from None
     engine = load_in_process(args)
@@ -57,17 +63,19 @@ def run(args: argparse.Namespace) -> int:
             print(f"\r{protocol}: {done}/{total}", end="\n" if done == total else "", file=sys.stderr, flush=True)
 
     reports = evaluate(engine, problems, protocols, max_tokens=args.max_tokens, workers=args.workers,
-                       progress=progress)
+                       progress=progress, budget_ms=args.budget_ms)
     summaries = [report.summary() for report in reports]
     if args.out:
         details = {r.protocol: [asdict(o) for o in r.outcomes] for r in reports}
         write_text_atomic(args.out, json.dumps({"summary": summaries, "outcomes": details}, indent=1))
     model = engine.describe()
     if args.json:
-        print(json.dumps({"model": model.path, "variant": args.variant or "", "summary": summaries}, indent=2))
+        print(json.dumps({"model": model.path, "variant": args.variant or "", "budget_ms": args.budget_ms,
+                          "summary": summaries}, indent=2))
         return 0
     variant = f"; sampler {args.variant}" if args.variant else ""
-    print(f"model: {model.path} ({model.family}); {len(problems)} problems{variant}")
+    budget = f"; budget {args.budget_ms} ms a fill" if args.budget_ms is not None else ""
+    print(f"model: {model.path} ({model.family}); {len(problems)} problems{variant}{budget}")
     print(f"{'protocol':<9} {'pass@1':>7} {'exact':>7} {'syntax':>7} {'tok/fwd':>8} {'ms/problem':>11}")
     for row in summaries:
         print(f"{row['protocol']:<9} {row['pass@1']:>7} {row['exact_match']:>7} {row['syntax_valid']:>7} "

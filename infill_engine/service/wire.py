@@ -38,8 +38,8 @@ def request_from_wire(data: Any) -> InfillRequest:
         value = getattr(request, name)
         if value is not None and not isinstance(value, str if name == "language" else int):
             raise ValueError(f"{name} has the wrong type ({type(value).__name__})")
-    if not isinstance(request.gate, bool) or not isinstance(request.single_line, bool):
-        raise ValueError("gate and single_line must be true or false")
+    if not all(isinstance(getattr(request, name), bool) for name in ("gate", "single_line", "require_content")):
+        raise ValueError("gate, single_line and require_content must each be true or false")
     return request
 
 

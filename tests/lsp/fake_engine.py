@@ -5,7 +5,8 @@ server is started with `--engine-factory tests.lsp.fake_engine:build_engine`: a 
 denoising loop, syntax gate, refine) around a denoiser whose predictions are scripted by the context it is given.
 A rule matches when the decoded prefix ends with `before` and the suffix starts with `after`; candidate k of the
 batch predicts the k-th of its `fills` (the last one repeats), then end-of-span. A fill given as a tuple of pieces
-is tokenized piece by piece, so that its tokens line up with the tokens of the text it refines.
+is tokenized piece by piece, so that its tokens line up with the tokens of the text it refines. `unended` is the
+model's second choice after the fill, below end-of-span: what it writes where the span may not end yet.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ class Rule:
     after: str
     fills: tuple[str | tuple[str, ...], ...]
     slow: bool = False
+    unended: str = ""  # written after the fill where the span may not end (a second choice below end-of-span)
 
 
 RULES = (
@@ -60,6 +62,8 @@ RULES = (
     Rule("fast = ", "\n", ("42",)),
     Rule("through = ", "\n", ("10 + 20",), slow=True),  # keys typed at the cursor while it runs (typing through)
     Rule("def slow_rewrite():\n    return ", "\n", ("0",), slow=True),
+    # a fill of whitespace alone (no ghost text), unless it must write something (completion.requireContent)
+    Rule("def pad(a):\n    return", "\n", (" ",), unended="a"),
 )
 
 
@@ -70,6 +74,7 @@ class RuleDenoiser(ScriptedDenoiser):
         super().__init__(tokenizer, [""])
         self.rules = rules
         self.slow = False
+        self.unended: torch.Tensor | None = None  # (B, N) second choices, -1 where there is none
 
     def _ids(self, fill: str | tuple[str, ...]) -> list[int]:
         pieces = (fill,) if isinstance(fill, str) else fill
@@ -84,16 +89,26 @@ class RuleDenoiser(ScriptedDenoiser):
         self.slow = bool(rule and rule.slow)
         self.margin = SLOW_MARGIN if self.slow else 12.0
         end = self.special.end_of_span_ids[0]
-        rows = []
+        rows, seconds = [], []
         for row in range(batch_size):
             ids = self._ids(fills[min(row, len(fills) - 1)])[:span_length]
             rows.append(ids + [end] * (span_length - len(ids)))
+            after = self._ids(rule.unended) if rule else []
+            seconds.append(([-1] * len(ids) + after + [-1] * span_length)[:span_length])
+        self.unended = torch.tensor(seconds)
         return EncodedContext(prefix_ids, suffix_ids, span_length, batch_size, torch.tensor(rows))
 
     def predict(self, context, canvas, self_conditioning=None) -> torch.Tensor:
         if self.slow:
             time.sleep(SLOW_STEP_SECONDS)
-        return super().predict(context, canvas, self_conditioning)
+        logits = super().predict(context, canvas, self_conditioning)
+        if self.unended is not None and canvas.shape[1] == self.unended.shape[1]:
+            second = self.unended[: canvas.shape[0]]
+            if second.shape[0] < canvas.shape[0]:
+                second = second[:1].expand(canvas.shape[0], -1)
+            rows, positions = (second >= 0).nonzero(as_tuple=True)
+            logits[rows, positions, second[rows, positions]] = self.margin - 2.0
+        return logits
 
 
 def build_engine(settings) -> InfillEngine:

@@ -145,6 +145,28 @@ async def with_settings(client: LanguageClient, completion: dict[str, Any]) -> N
     await asyncio.sleep(0.2)
 
 
+async def test_a_fill_the_user_asks_for_writes_something_where_ghost_text_while_typing_is_blank(
+    client: LanguageClient,
+):
+    """The model would write a space and end; `completion.requireContent` ("asked" by default) holds the end back
+    for Invoked ghost text and completion items, so they get its next choice; "always" does so while typing too,
+    "never" for neither."""
+    uri = "file:///exact/pad.py"
+    open_document(client, uri, "def pad(a):\n    return\n")
+    assert texts(await inline(client, uri, 1, 10)) == []  # typing: a space alone is no ghost text
+    assert texts(await inline(client, uri, 1, 10, invoked=True)) == [" a"]
+    result = await complete(client, uri, 1, 10)
+    items = result.items if isinstance(result, types.CompletionList) else result
+    assert [item.label for item in items] == ["return a"]
+    await with_settings(client, {"requireContent": "always"})
+    try:
+        assert texts(await inline(client, uri, 1, 10)) == [" a"]
+        await with_settings(client, {"requireContent": "never"})
+        assert texts(await inline(client, uri, 1, 10, invoked=True)) == []
+    finally:
+        await with_settings(client, {})
+
+
 async def test_a_key_typed_during_the_prefetch_delay_stops_it_before_it_runs_and_tab_starts_it_at_once(
     client: LanguageClient,
 ):

@@ -53,6 +53,7 @@ M.defaults = {
       enabled = true,
       candidates = 2, -- canvases when asked for (completion items, invoked ghost text); each passing one is a suggestion
       automaticCandidates = 1, -- canvases for ghost text while typing (the plugin's requests are all automatic)
+      requireContent = "asked", -- fills that must write more than whitespace: "asked", "always" or "never"
       maxTokens = 64, -- span positions at a line end or in an empty block
       lineTokens = 24, -- span positions when the cursor is mid-line
       debounceMs = 0, -- the server waits this long (after this plugin's own debounce_ms); a newer request wins
