@@ -81,10 +81,11 @@ class FillOutcome:
 
 @dataclass(frozen=True)
 class FillKind:
-    """How a request's fill is made: its canvases, and whether it must write more than whitespace."""
+    """How a request's fill is made: its canvases, whether it must write more than whitespace, its time budget."""
 
     candidates: int
     require_content: bool
+    budget_ms: int | None = None
 
     @classmethod
     def of(cls, settings: Settings, asked: bool) -> FillKind:
@@ -92,7 +93,9 @@ class FillKind:
         text invoked by a key), else ghost text while typing."""
         completion = settings.completion
         content = completion.require_content == "always" or (completion.require_content == "asked" and asked)
-        return cls(completion.candidates if asked else completion.automatic_candidates, content)
+        if asked:
+            return cls(completion.candidates, content, completion.asked_budget_ms)
+        return cls(completion.automatic_candidates, content, completion.budget_ms)
 
     @property
     def label(self) -> str:
@@ -144,7 +147,7 @@ def fill_job(
     settings: Settings,
     others: list[tuple[str, str]],
     ticket: Ticket,
-    kind: FillKind = FillKind(1, False),
+    kind: FillKind = FillKind(1, False, None),
 ) -> FillOutcome:
     """On the model thread: fill at the cursor as `kind` says and keep the tidied fills that pass."""
     around = cursor.around
@@ -155,7 +158,7 @@ def fill_job(
         extra = as_comments(chunks, language, around.newline)
     request = InfillRequest(
         prefix=extra + cursor.prefix, suffix=cursor.suffix, language=language, max_tokens=max_tokens,
-        candidates=kind.candidates, single_line=not around.multiline, budget_ms=settings.completion.budget_ms,
+        candidates=kind.candidates, single_line=not around.multiline, budget_ms=kind.budget_ms,
         require_content=kind.require_content,
     )
     try:

@@ -146,6 +146,8 @@ class CompletionSettings:
     cache_entries: int = _setting(250, _integer(0, 100_000))  # LRU of suggestions by context; 0 turns caching off
     budget_ms: int | None = _setting(250, _optional(_integer(0, 60_000)))  # ms of model work per fill, then the best
     # passing candidate so far is shown and repairs are skipped; null: no limit
+    asked_budget_ms: int | None = _setting(1000, _optional(_integer(0, 60_000)))  # the same for a fill the user
+    # asked for (Invoked ghost text, completion items), which waits for it
     prefetch_accepted: bool = _setting(True, _boolean)  # once ghost text is shown, fill in the background where
     # the cursor will be if it is accepted, so that the request after Tab is answered from the cache
     prefetch_delay_ms: int = _setting(150, _integer(0, 5000))  # the prefetch waits this long after the ghost text is

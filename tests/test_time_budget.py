@@ -56,17 +56,23 @@ def test_the_budget_travels_to_a_shared_engine():
     assert request_from_wire(request_to_wire(request)).budget_ms == 120
 
 
-def test_the_completion_setting_reaches_the_engine(tokenizer):
-    from lsp_server.completion import fill_job
+def test_the_completion_settings_reach_the_engine(tokenizer):
+    """`completion.budgetMs` for ghost text while typing, `completion.askedBudgetMs` for a fill the user asked for."""
+    from lsp_server.completion import FillKind, fill_job
     from lsp_server.context import cursor_at
     from lsp_server.scheduler import Ticket
     from lsp_server.settings import parse_settings
 
-    settings, problems = parse_settings({"completion": {"budgetMs": 0}})
-    assert not problems and settings.completion.budget_ms == 0
+    settings, problems = parse_settings({"completion": {"budgetMs": 0, "askedBudgetMs": None}})
+    assert not problems and settings.completion.budget_ms == 0 and settings.completion.asked_budget_ms is None
     engine = InfillEngine(ScriptedDenoiser(tokenizer, ["a + b"], margin=2.0), sampler=UNSURE)
     text = "def add(a, b):\n    return \n"
-    outcome = fill_job(engine, cursor_at(text, text.index("\n    return ") + 12), "python", settings, [],
-                       Ticket("file:///add.py", "fill", 1))
-    assert outcome.stats["over_budget"] and outcome.stats["forward_passes"] == 1
+    cursor = cursor_at(text, text.index("\n    return ") + 12)
+    typing = fill_job(engine, cursor, "python", settings, [], Ticket("file:///add.py", "fill", 1),
+                      FillKind.of(settings, asked=False))
+    assert typing.stats["over_budget"] and typing.stats["forward_passes"] == 1
+    asked = fill_job(engine, cursor, "python", settings, [], Ticket("file:///add.py", "fill", 1),
+                     FillKind.of(settings, asked=True))
+    assert not asked.stats["over_budget"] and asked.stats["forward_passes"] > 1
     assert parse_settings({"completion": {"budgetMs": -5}})[0].completion.budget_ms == 250  # the default, reported
+    assert parse_settings({"completion": {"askedBudgetMs": "x"}})[0].completion.asked_budget_ms == 1000

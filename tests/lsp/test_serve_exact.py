@@ -37,7 +37,7 @@ from tests.lsp.conftest import (
 pytestmark = pytest.mark.asyncio
 
 # no time budget: these tests supersede and cancel slow fills, which a budget would end first
-SETTINGS = {"completion": {"debounceMs": 0, "budgetMs": None}, "diagnostics": {"debounceMs": 0}, "context": {"otherDocuments": False}}
+SETTINGS = {"completion": {"debounceMs": 0, "budgetMs": None, "askedBudgetMs": None}, "diagnostics": {"debounceMs": 0}, "context": {"otherDocuments": False}}
 
 
 @pytest_lsp.fixture(

@@ -61,7 +61,8 @@ M.defaults = {
       prefetchAccepted = true, -- fill where the cursor goes if the ghost text is accepted, in the background
       prefetchDelayMs = 150, -- ... after this long without a key (Tab starts it at once)
       typeThrough = true, -- keys typed at the cursor let a running fill finish (its suggestion's rest, if it fits)
-      budgetMs = 250, -- ms of model work per fill, then the best passing suggestion so far (vim.NIL: no limit)
+      budgetMs = 250, -- ms of model work per fill while typing, then the best passing suggestion so far (vim.NIL: no limit)
+      askedBudgetMs = 1000, -- the same for a fill asked for (completion items, invoked ghost text)
     },
     rewrite = {
       maxTokens = 256, -- span positions for a rewrite or a body fill
