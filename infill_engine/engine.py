@@ -15,7 +15,7 @@ from dataclasses import replace
 import torch
 
 from infill_engine import syntax
-from infill_engine.adapters.base import Denoiser
+from infill_engine.adapters.base import Denoiser, EncodedContext
 from infill_engine.canvas import ContextConfig, trim_context
 from infill_engine.growing_span import denoise_growing_span
 from infill_engine.interface import DEFAULT_GROW, DEFAULT_KEEP_ABOVE, EngineOptions, ModelInfo, ModelSpec
@@ -133,7 +133,7 @@ class InfillEngine:
                 rounds = self.repair_rounds if request.repair_rounds is None else request.repair_rounds
                 with stats.timed("repair"):
                     self._repair(request, trimmed.prefix_ids, trimmed.suffix_ids, candidates, language, config, stats,
-                                 rounds, deadline)
+                                 rounds, deadline, span.context)
         return _ranked(candidates, stats)
 
     def context_budget(self, span_tokens: int) -> ContextConfig:
@@ -203,11 +203,14 @@ class InfillEngine:
         stats: FillStats,
         rounds: int,
         deadline: float | None = None,
+        context: EncodedContext | None = None,
     ) -> None:
         """Re-noise the tokens around each new syntax problem and denoise them again, at most `rounds` times.
 
         No round starts after `deadline` (a `time.perf_counter()` value): the candidates stay as they are.
-        Repairs count their forward passes in `stats` and their time under "repair" only.
+        Repairs count their forward passes in `stats` and their time under "repair" only. `context`: the fill's
+        encoded context, which its rounds run against instead of encoding it again (where the denoiser
+        `reuses_context`).
         """
         document = request.prefix + request.suffix
         start = len(request.prefix)
@@ -240,6 +243,7 @@ class InfillEngine:
             span = denoise_span(
                 self.denoiser, prefix_ids, suffix_ids, length, repair_config,
                 batch_size=len(failing), stats=spent, initial=initial, frozen=frozen, deadline=deadline,
+                context=context,
             )
             stats.forward_passes += spent.forward_passes
             stats.positions_predicted += spent.positions_predicted

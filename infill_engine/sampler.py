@@ -182,6 +182,7 @@ class DenoisedSpan:
     probs: torch.Tensor  # (B, N) probability of each token when it was committed
     stopped_early: bool = False
     steps_per_block: list[int] = field(default_factory=list)
+    context: EncodedContext | None = None  # the context of a one-canvas span, for another fill against it
 
 
 @dataclass(frozen=True)
@@ -536,20 +537,23 @@ def block_windows(span_length: int, block_size: int, whole: bool) -> list[slice]
 
 
 def denoise_on_one_canvas(
-    run: Denoising, prefix_ids: list[int], suffix_ids: list[int], windows: list[slice], state: CanvasState
-) -> list[int]:
-    """The whole span on one canvas against one encoded context; the blocks order the commits."""
+    run: Denoising, prefix_ids: list[int], suffix_ids: list[int], windows: list[slice], state: CanvasState,
+    context: EncodedContext | None = None,
+) -> tuple[list[int], EncodedContext]:
+    """The whole span on one canvas against one encoded context (`context`, or encoded now); the blocks order the
+    commits. Returns the steps per block and the context."""
     batch, length = state.tokens.shape
-    with run.stats.timed("encode"):
-        context = run.denoiser.encode(prefix_ids, suffix_ids, length, batch)
-    run.stats.context_encodes += 1
+    if context is None:
+        with run.stats.timed("encode"):
+            context = run.denoiser.encode(prefix_ids, suffix_ids, length, batch)
+        run.stats.context_encodes += 1
     steps_per_block = []
     for index, window in enumerate(windows):
         with run.stats.timed("denoise"):
             steps_per_block.append(denoise_block(run, Block(index, context, window, 0), state))
         if bool(ended_rows(state.tokens, state.committed, run.denoiser.special.end_of_span_ids).all()):
             break
-    return steps_per_block
+    return steps_per_block, context
 
 
 def denoise_appended_blocks(
@@ -590,12 +594,15 @@ def denoise_span(
     initial: torch.Tensor | None = None,
     frozen: torch.Tensor | None = None,
     deadline: float | None = None,
+    context: EncodedContext | None = None,
 ) -> DenoisedSpan:
     """Denoise a span of `span_length` positions between prefix and suffix for `batch_size` candidates.
 
     With `initial` (N,) or (B, N) tokens and a `frozen` mask, the frozen positions are kept and the others are
     re-noised and decided again (used to repair and to refine). Past `deadline` (a `time.perf_counter()` value),
-    a block stops after its current step and its undecided positions take the argmax.
+    a block stops after its current step and its undecided positions take the argmax. `context`: the span's
+    context as an earlier one-canvas fill of the same ids and length encoded it (`DenoisedSpan.context`), for a
+    denoiser that `reuses_context`; it is not encoded again.
     """
     if frozen is not None and initial is None:
         raise ValueError("a frozen mask needs the initial tokens it keeps")
@@ -609,8 +616,10 @@ def denoise_span(
     run = Denoising(denoiser, config, rule, generator, stats, on_step, deadline)
     state = initial_state(denoiser, batch_size, span_length, generator, initial, frozen)
     windows = block_windows(span_length, config.block_size, whole=initial is not None)
+    one_canvas = None
     if denoiser.block_mode == "restrict" or len(windows) == 1:
-        steps_per_block = denoise_on_one_canvas(run, prefix_ids, suffix_ids, windows, state)
+        reused = context if denoiser.reuses_context and context is not None else None
+        steps_per_block, one_canvas = denoise_on_one_canvas(run, prefix_ids, suffix_ids, windows, state, reused)
     else:
         steps_per_block = denoise_appended_blocks(run, prefix_ids, suffix_ids, windows, state)
-    return DenoisedSpan(rule.answer(state), state.probs, stats.stopped_early, steps_per_block)
+    return DenoisedSpan(rule.answer(state), state.probs, stats.stopped_early, steps_per_block, one_canvas)

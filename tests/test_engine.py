@@ -152,3 +152,28 @@ def test_a_request_that_requires_content_gets_more_than_whitespace_over_the_wire
     assert wanted.require_content and engine.fill(wanted).text == " a"
     with pytest.raises(ValueError, match="require_content must each be true or false"):
         request_from_wire({"prefix": "a", "suffix": "b", "require_content": "yes"})
+
+
+def test_repairs_run_against_the_fills_own_context_and_write_what_a_fresh_encode_would(model_dirs):
+    """The embedded architecture's steps leave an encoded context as it was, so a fill's repair rounds reuse it:
+    the same repaired text as with the context encoded again each round, and one encode for the whole fill."""
+    from infill_engine.loading import load_denoiser
+
+    denoiser = load_denoiser(str(model_dirs["diffill"]))
+    engine = InfillEngine(denoiser, sampler=SamplerConfig(steps=8, block_size=32))
+    assert denoiser.reuses_context
+    repaired = None
+    for seed in range(20):  # the random model breaks the syntax often; find a fill that needed repairs
+        request = InfillRequest("values = [1, 2\ntotal = sum(", ")\n", language="python", max_tokens=12,
+                                candidates=2, seed=seed, repair_rounds=2)
+        reused = engine.fill(request)
+        if reused.stats.repairs:
+            repaired = request
+            break
+    assert repaired is not None, "no fill of the random model needed a repair"
+    denoiser.reuses_context = False  # the instance's switch: each round encodes the context again
+    fresh = engine.fill(repaired)
+    texts = lambda result: [c.text for c in result.candidates + result.rejected]  # noqa: E731
+    assert texts(reused) == texts(fresh) and reused.stats.repairs == fresh.stats.repairs
+    assert reused.stats.context_encodes == 1
+    assert fresh.stats.context_encodes == 1 + fresh.stats.repairs

@@ -58,6 +58,8 @@ class Denoiser(ABC):
     uses_self_conditioning: bool = False  # the model takes the previous step's logits as an input
     batches_contexts: bool = False  # canvases of different contexts share one forward pass (`merge_contexts`)
     projects_columns: bool = False  # `predict(..., columns=)` computes the logits of those canvas positions only
+    reuses_context: bool = False  # an encoded context is not changed by the steps run against it, so another fill
+    #                               of the same context (the request's repairs) may run against it again
 
     def __init__(self, model: Any, tokenizer: Any, special: SpecialTokens, path: str) -> None:
         self.model = model

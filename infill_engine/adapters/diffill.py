@@ -45,6 +45,7 @@ class DiffillDenoiser(Denoiser):
     block_mode = "restrict"
     batches_contexts = True
     projects_columns = True
+    reuses_context = True  # the steps write only the canvas's keys and values, in the buffers' tails
 
     def __init__(self, model: Any, tokenizer: Any, special: SpecialTokens, path: str) -> None:
         super().__init__(model, tokenizer, special, path)
