@@ -61,8 +61,8 @@ class SamplerConfig:
         end_after_content: the span may end only after a committed token that is not whitespace, so a fill of
             indentation alone (which the user sees as nothing) is not offered either; until a row has such a
             token, a step commits only where the model did not want the end, or at the leftmost open position
-            (`start_before_end`). Off here; InfillRequest.require_content turns it on for a request (with the
-            embedded model: pass@1 at unknown length 3.10 -> 3.87, about twice the time, docs/BENCHMARKS.md).
+            (`start_before_end`). Off here; InfillRequest.require_content turns it on for a request (pass@1 and
+            cost with the embedded models: docs/BENCHMARKS.md, "Fills that must write something").
         stop_at_line_break: single-line fills: once the committed run from the span start holds a line break, the
             span ends there (what follows would be cut anyway), so no step is spent on it.
         settle_tail: commit="threshold"/"schedule": when the argmax is end-of-span at every position from some
@@ -319,7 +319,7 @@ def shift_end(logits: torch.Tensor, bias: float, end_ids: tuple[int, ...]) -> to
 
 def forbid_tokens(
     logits: torch.Tensor, state: CanvasState, config: SamplerConfig, special: SpecialTokens, first_position: int,
-    columns: torch.Tensor | None = None, blank_ids: torch.Tensor | None = None,
+    columns: torch.Tensor | None = None, content_from: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Logits (B, n, V) of the canvas positions `columns` (all when None) with -inf on the tokens a span may not
     hold where they stand."""
@@ -334,8 +334,8 @@ def forbid_tokens(
         if early.numel():
             logits = logits.clone()
             logits[:, early[:, None], list(special.end_of_span_ids)] = -math.inf
-    if config.end_after_content and first_position == 0 and blank_ids is not None:
-        logits = forbid_blank_end(logits, state, blank_ids, special.end_of_span_ids, columns)
+    if content_from is not None:  # end_after_content: each row's first content position (`first_content`)
+        logits = forbid_blank_end(logits, state, content_from, special.end_of_span_ids, columns)
     return forbid_early_end(logits, state, special.end_of_span_ids, columns)
 
 
@@ -351,23 +351,24 @@ def first_content(state: CanvasState, blank_ids: torch.Tensor, end_ids: tuple[in
 
 
 def forbid_blank_end(
-    logits: torch.Tensor, state: CanvasState, blank_ids: torch.Tensor, end_ids: tuple[int, ...],
+    logits: torch.Tensor, state: CanvasState, first: torch.Tensor, end_ids: tuple[int, ...],
     columns: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """End-of-span forbidden up to each row's first committed token that is not whitespace (all of the row's
-    positions while it has none): `logits` (B, n, V) of the canvas positions `columns`, or of all when None."""
+    """End-of-span forbidden up to each row's first committed token that is not whitespace, `first` (B,) (all of
+    the row's positions while it has none): `logits` (B, n, V) of the canvas positions `columns`, or of all when
+    None."""
     if not end_ids:
         return logits
-    first = first_content(state, blank_ids, end_ids)  # (B,)
     positions = torch.arange(state.tokens.shape[1], device=state.tokens.device)
     return forbid_end_where(logits, positions[None, :] <= first[:, None], end_ids, columns)  # no content yet
 
 
 def start_before_end(
-    unforbidden: torch.Tensor, logits: torch.Tensor, state: CanvasState, blank_ids: torch.Tensor,
+    unforbidden: torch.Tensor, logits: torch.Tensor, state: CanvasState, first: torch.Tensor,
     end_ids: tuple[int, ...], columns: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """end_after_content: the positions (B, N) a step may commit. In a row without content yet, none where the
+    """end_after_content: the positions (B, N) a step may commit, given each row's first content position `first`
+    (B,; the canvas length where there is none). In a row without content yet, none where the
     model would have ended the span (its end-of-span logit in `unforbidden` above every logit left in `logits`,
     both (B, n, V) of the positions `columns`), except the row's leftmost open position: what the model writes
     only because it may not end there is filler, and a line break committed at the far end would make the fill
@@ -376,7 +377,7 @@ def start_before_end(
     allowed = torch.ones(batch, length, dtype=torch.bool, device=state.tokens.device)
     if not end_ids:
         return allowed
-    without_content = first_content(state, blank_ids, end_ids) == length  # (B,)
+    without_content = first == length  # (B,)
     if not bool(without_content.any()):
         return allowed
     wanted_end = unforbidden[..., list(end_ids)].amax(dim=-1) > logits.amax(dim=-1)  # (B, n)
@@ -499,19 +500,22 @@ def denoise_block(run: Denoising, block: Block, state: CanvasState) -> int:
         logits = run.denoiser.predict(block.context, state.tokens, self_conditioning, **kwargs)  # (B, n, V)
         run.stats.forward_passes += 1
         run.stats.positions_predicted += logits.shape[0] * logits.shape[1]
-        logits = shift_end(logits, config.end_bias, run.denoiser.special.end_of_span_ids)
-        blanks = run.denoiser.blank_ids if config.end_after_content and block.first_position == 0 else None
+        end_ids = run.denoiser.special.end_of_span_ids
+        logits = shift_end(logits, config.end_bias, end_ids)
+        content_from = None  # end_after_content: each row's first committed content position
+        if config.end_after_content and block.first_position == 0:
+            content_from = first_content(state, run.denoiser.blank_ids, end_ids)
         unforbidden = logits
-        logits = forbid_tokens(logits, state, config, run.denoiser.special, block.first_position, columns, blanks)
+        logits = forbid_tokens(logits, state, config, run.denoiser.special, block.first_position, columns,
+                               content_from)
         # pick tokens: draw one per position at each row's temperature; committed positions keep theirs
         temps = row_temperatures(config, step, batch, state.tokens.device)  # (B,)
         prediction = around_committed(run, pick_tokens(logits, temps, config.order, run.generator, config.draw),
                                       columns, state)
         # commit: the rule decides which positions keep their token; the others are (re-)noised
         active = ~done[:, None] & in_window  # (B, N) positions this step may change
-        if blanks is not None:  # no content yet: not where the model would have ended the span
-            active &= start_before_end(unforbidden, logits, state, blanks, run.denoiser.special.end_of_span_ids,
-                                       columns)
+        if content_from is not None:  # no content yet: not where the model would have ended the span
+            active &= start_before_end(unforbidden, logits, state, content_from, end_ids, columns)
         rule.commit(state, prediction, active, config.steps - step)
         # check stop: a stable, confident row takes its argmax and is done
         confident = check_stop(history, prediction, in_window, config) & ~done  # (B,)
