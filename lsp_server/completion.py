@@ -97,10 +97,9 @@ class FillKind:
             return cls(completion.candidates, content, completion.asked_budget_ms)
         return cls(completion.automatic_candidates, content, completion.budget_ms)
 
-    @property
-    def label(self) -> str:
-        """What sets the kind's suggestions apart in the cache."""
-        return f"{self.candidates}{'+content' if self.require_content else ''}"
+    def cache_key(self, cursor: Cursor, language: str | None) -> CacheKey:
+        """Where this kind's suggestions at `cursor` are kept: the context, the language and the kind."""
+        return CacheKey.of(cursor, f"{language or ''}:{self.candidates}{'+content' if self.require_content else ''}")
 
 
 @dataclass
@@ -214,7 +213,7 @@ class Completer:
         word_range = index.range_of(offset - len(word), offset, ls.encoding)
         found = _Found(cursor, index.position_at(offset, ls.encoding), word_range, word)
         kind = FillKind.of(settings, asked)
-        key = CacheKey.of(cursor, f"{document.language or ''}:{kind.label}")
+        key = kind.cache_key(cursor, document.language)
         try:
             cached = ls.cache.lookup(key) or await self._prefetched(document.uri, key)
         except asyncio.CancelledError:  # $/cancelRequest while it waited for the prefetch
@@ -311,7 +310,7 @@ class Completer:
         accepted = document.text[: cursor.offset] + shown + document.text[cursor.offset :]
         after = cursor_at(accepted, cursor.offset + len(shown))
         kind = FillKind.of(settings, asked=False)  # the request after Tab is one while typing
-        key = CacheKey.of(after, f"{document.language or ''}:{kind.label}")
+        key = kind.cache_key(after, document.language)
         running = self._prefetches.get(document.uri)
         if running is not None and running.key == key and not running.task.done() and not running.ticket.cancelled:
             return
