@@ -14,7 +14,8 @@ its blocks, its time budget, its step callback (a cancelled fill raises on its t
 its syntax gate and its repairs (whose passes join the rounds too). A fill that finishes leaves the lockstep; a new
 one joins when it is admitted and takes part from the next round on, between two steps of the others (continuous
 batching), so no request waits for a batch to fill or to drain. A fill's result is the one it gets alone, up to
-floating-point rounding of the padded batch.
+floating-point rounding of the padded batch, and with `SamplerConfig.canvas_refresh` 0: a shared pass runs every
+fill's whole canvas, where alone the embedded model keeps committed positions' keys between steps (an approximation).
 
 Families whose adapters cannot merge contexts (`Denoiser.batches_contexts` False) run one fill at a time instead.
 `FillBatcher` is what servers use: it admits up to `max_batch_size` fills at once and queues the rest.

@@ -6,7 +6,7 @@ import math
 import statistics
 import time
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -145,9 +145,17 @@ def forward_cost(engine: InfillEngine, prefix: str, suffix: str, positions: int,
     return flops, statistics.median(times), head
 
 
-def _measured_fill(engine: InfillEngine, request: InfillRequest, after_keystroke: bool = False
-                   ) -> tuple[InfillResult, int, int]:
-    """The fill, the steps of its main loop (repairs excluded) and the context positions it encoded. Each hole is a
+class MeasuredFill(NamedTuple):
+    """One measured fill and what it ran."""
+
+    result: InfillResult
+    steps: int  # steps of its main loop (repairs excluded)
+    encoded: int  # context positions it encoded
+    canvas_run: int | None  # canvas positions its layers ran over, all passes and rows; None: not counted
+
+
+def _measured_fill(engine: InfillEngine, request: InfillRequest, after_keystroke: bool = False) -> MeasuredFill:
+    """The fill and what it ran (`MeasuredFill`; the canvas positions where the denoiser counts them). Each hole is a
     new request: nothing of another hole's prefix is reused; `after_keystroke` first fills (uncounted) the same hole
     one character earlier, as the request of the key before, whose prefix a causal-context model then reuses."""
     steps = 0
@@ -163,8 +171,10 @@ def _measured_fill(engine: InfillEngine, request: InfillRequest, after_keystroke
     if after_keystroke and request.prefix:
         engine.fill(replace(request, prefix=request.prefix[:-1]))
     encoded = getattr(denoiser, "positions_encoded", 0)
+    run = getattr(denoiser, "canvas_positions_run", None)
     result = engine.fill(request, on_step=count)
-    return result, steps, getattr(denoiser, "positions_encoded", 0) - encoded
+    ran = None if run is None else denoiser.canvas_positions_run - run
+    return MeasuredFill(result, steps, getattr(denoiser, "positions_encoded", 0) - encoded, ran)
 
 
 def bench_fill(
@@ -194,7 +204,7 @@ def bench_fill(
             requests = [InfillRequest(prefix, suffix, "python", max_tokens=case.positions, candidates=candidates,
                                       single_line=case.single_line) for prefix, suffix in holes]
             costs = [forward_cost(engine, r.prefix, r.suffix, case.positions, candidates) for r in requests]
-            runs: list[list[tuple[InfillResult, int, int]]] = [[] for _ in configs]
+            runs: list[list[MeasuredFill]] = [[] for _ in configs]
             for index, request in enumerate(requests):
                 for variant, config in enumerate(configs):
                     engine.sampler = config
@@ -209,21 +219,26 @@ def bench_fill(
             "after_keystroke": after_keystroke, "rows": rows}
 
 
-def _fill_row(case: FillCase, variant: str, measured: list[tuple[InfillResult, int, int]],
+def _fill_row(case: FillCase, variant: str, measured: list[MeasuredFill],
               costs: list[tuple[int, float, float]], peak: float) -> dict[str, Any]:
     """The summary of one case and variant."""
-    stats = [result.stats for result, _, _ in measured]
+    stats = [m.result.stats for m in measured]
     totals = [s.ms["total"] for s in stats]
     tokens, passes = sum(s.tokens_generated for s in stats), sum(s.forward_passes for s in stats)
-    # the layers run over the whole canvas every pass; the projection only over the columns a pass computed logits
-    # for (`positions_predicted`), so a pass saves the projection of the others
+    # A pass's FLOPs: the layers over the canvas positions it ran them over (all of them, or fewer where the
+    # denoiser keeps canvas keys between steps: `canvas_run`), and the projection over the columns it computed
+    # logits for (`positions_predicted`); both as shares of a pass over the whole canvas.
     whole = [max(s.forward_passes * s.canvas_positions * s.candidates, 1) for s in stats]
-    step_flops = [steps * (flops - head * s.candidates * s.canvas_positions * (1 - s.positions_predicted / w))
-                  for (flops, _, head), (_, steps, _), s, w in zip(costs, measured, stats, whole)]
+    step_flops = []
+    for (flops, _, head), m, s, w in zip(costs, measured, stats, whole):
+        projection = head * s.candidates * s.canvas_positions  # (B x N) columns' share of the whole pass
+        layers = (flops - projection) * (1.0 if m.canvas_run is None else m.canvas_run / w)
+        step_flops.append(m.steps * (layers + projection * s.positions_predicted / w))
     step_gflops = [f / s.ms["denoise"] / 1e6 for f, s in zip(step_flops, stats) if s.ms.get("denoise")]
     forward_gflops = [flops / ms / 1e6 for flops, ms, _ in costs]
-    step_ms = [s.ms["denoise"] / steps for s, (_, steps, _) in zip(stats, measured) if steps]
+    step_ms = [s.ms["denoise"] / m.steps for s, m in zip(stats, measured) if m.steps]
     achieved = statistics.median(step_gflops)
+    counted = [m.canvas_run for m in measured if m.canvas_run is not None]
     return {
         "span": case.name,
         "positions": case.positions,
@@ -231,13 +246,14 @@ def _fill_row(case: FillCase, variant: str, measured: list[tuple[InfillResult, i
         "ms_median": round(statistics.median(totals), 1),
         "ms_p95": round(_percentile(totals, 0.95), 1),
         "forward_passes_median": statistics.median(s.forward_passes for s in stats),
-        "loop_steps_median": statistics.median(steps for _, steps, _ in measured),
+        "loop_steps_median": statistics.median(m.steps for m in measured),
         "positions_per_pass": round(sum(s.positions_predicted for s in stats) / max(passes, 1), 1),
-        "context_positions_encoded_median": statistics.median(encoded for _, _, encoded in measured),
+        "layer_positions_per_pass": round(sum(counted) / max(passes, 1), 1) if counted else None,
+        "context_positions_encoded_median": statistics.median(m.encoded for m in measured),
         "tokens_per_forward": round(tokens / max(passes, 1), 3),  # all tokens over all passes, empty fills too
         "tokens_median": statistics.median(s.tokens_generated for s in stats),
         "repairs_mean": round(statistics.mean(s.repairs for s in stats), 2),
-        "with_suggestion": round(sum(1 for r, _, _ in measured if r.text and r.text.strip()) / len(measured), 3),
+        "with_suggestion": round(sum(1 for m in measured if (m.result.text or "").strip()) / len(measured), 3),
         "ms_stages_median": {stage: round(statistics.median(s.ms.get(stage, 0.0) for s in stats), 2)
                              for stage in STAGES},
         "ms_per_step_median": round(statistics.median(step_ms), 2) if step_ms else None,
@@ -257,7 +273,7 @@ def profile_one_fill(engine: InfillEngine, prefix: str, suffix: str, case: FillC
     request = InfillRequest(prefix, suffix, "python", max_tokens=case.positions, single_line=case.single_line)
     engine.fill(request)  # warm-up
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        result, steps, _ = _measured_fill(engine, request)
+        result, steps, _, _ = _measured_fill(engine, request)
     stats = result.stats
     header = f"{steps} loop steps, {stats.forward_passes} forward passes, {stats.ms['total']:.0f} ms\n"
     return header + prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows)

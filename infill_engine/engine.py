@@ -30,6 +30,9 @@ from infill_engine.sampler import DenoisedSpan, SamplerConfig, StepCallback, den
 from infill_engine.stats import FillStats
 
 logger = logging.getLogger(__name__)
+# Denoisers that keep canvas keys and values (the embedded model): a pass over the whole canvas every this many steps
+# of a block, in between only over the open and just-changed positions (SamplerConfig.canvas_refresh).
+CANVAS_REFRESH = 8
 
 
 class InfillEngine:
@@ -95,7 +98,7 @@ class InfillEngine:
         """The sampler and context of the defaults (or the current ones) with `options` set."""
         sampler, context = (self.sampler, self.context) if current else self._defaults
         values = options.as_dict()
-        sampler = replace(sampler, **{k: values[k] for k in ("steps", "seed") if k in values})
+        sampler = replace(sampler, **{k: values[k] for k in ("steps", "seed", "canvas_refresh") if k in values})
         context = replace(context, **{k: values[k] for k in ("prefix_tokens", "suffix_tokens") if k in values})
         return sampler, context
 
@@ -381,6 +384,8 @@ def default_sampler_for(denoiser: Denoiser) -> SamplerConfig:
             steps=48, block_size=256, commit="entropy_bound", entropy_bound=0.1,
             temperature_start=0.8, temperature_end=0.4, stability_steps=1, confidence_threshold=0.005,
         )
+    if denoiser.reuses_canvas_keys:  # the embedded model: docs/BENCHMARKS.md, "Canvas keys kept between steps"
+        config = replace(config, canvas_refresh=CANVAS_REFRESH)
     known = for_checkpoint(str(denoiser.path))
     if known is not None and known.settings is not None:
         config = replace(config, **known.settings.sampler_fields())

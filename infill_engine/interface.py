@@ -102,6 +102,7 @@ class EngineOptions:
     """A client's sampling and context settings; None keeps the engine's own."""
 
     steps: int | None = None  # forward passes per block at most
+    canvas_refresh: int | None = None  # embedded model: a pass over the whole canvas every N steps (0: every pass)
     seed: int | None = None  # the same seed and context give the same fill
     prefix_tokens: int | None = None  # context budget before the hole
     suffix_tokens: int | None = None  # context budget after the hole

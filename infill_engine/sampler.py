@@ -69,6 +69,12 @@ class SamplerConfig:
             position to the end of the canvas, each with probability >= `tail_floor`, that whole tail is
             committed as end-of-span in one step (instead of walking the end in from the right step by step).
         tail_floor: settle_tail: the model probability of end-of-span each position of the tail needs.
+        canvas_refresh: commit="threshold"/"schedule", denoisers that `reuses_canvas_keys`: 0 runs the layers over
+            the whole canvas at every pass. N > 0 does so at a block's first pass and every N-th after it; the
+            passes in between run them only over the positions still open or changed since the pass before (and
+            those whose outputs give the open positions' logits), and a committed, unchanged position is attended
+            with the keys and values of its last pass: computed once more after its token is committed, then kept
+            (dKV-Cache's delayed cache, an approximation: they are not recomputed against later commits).
         end_bias: added to the end-of-span logits at every position (nats) before tokens are picked: below 0 the
             model writes more before it ends a span at unknown length, above 0 less. 0 leaves the model as it is.
         draw: how a sampled token is drawn. "inverse_cdf": one uniform draw per position (fast with several
@@ -97,6 +103,7 @@ class SamplerConfig:
     stop_at_line_break: bool = False
     settle_tail: bool = True
     tail_floor: float = 0.2
+    canvas_refresh: int = 0
     end_bias: float = 0.0
     draw: str = "inverse_cdf"
     seed: int = 0
@@ -125,6 +132,8 @@ class SamplerConfig:
             problems.append(f"revise_below must be within 0..1 (got {self.revise_below!r})")
         if not isinstance(self.min_tokens, int) or self.min_tokens < 0:
             problems.append(f"min_tokens must be an integer >= 0 (got {self.min_tokens!r})")
+        if not isinstance(self.canvas_refresh, int) or self.canvas_refresh < 0:
+            problems.append(f"canvas_refresh must be an integer >= 0, 0 for off (got {self.canvas_refresh!r})")
         if not isinstance(self.stability_steps, int) or self.stability_steps < 0:
             problems.append(f"stability_steps must be an integer >= 0 (got {self.stability_steps!r})")
         if self.temperature_start < 0 or self.temperature_end < 0:
@@ -228,6 +237,24 @@ def open_columns(run: Denoising, state: CanvasState, done: torch.Tensor) -> torc
     if bool(needed.all()):
         return None
     return needed.nonzero().squeeze(-1)
+
+
+def rows_to_run(
+    run: Denoising, state: CanvasState, last_read: torch.Tensor | None, step: int
+) -> torch.Tensor | None:
+    """The canvas positions (r,) the layers must run over this pass (`SamplerConfig.canvas_refresh`): those not yet
+    committed in some row, and those whose token changed since the pass before (`last_read`, (B, N)); None (all of
+    them) at a refresh, where the denoiser cannot keep the others' keys and values, or the rule may re-decide
+    committed tokens."""
+    refresh = run.config.canvas_refresh
+    if not refresh or last_read is None or step % refresh == 0:
+        return None
+    if not (run.denoiser.reuses_canvas_keys and run.rule.keeps_committed and not run.denoiser.uses_self_conditioning):
+        return None
+    stale = (~state.committed | (state.tokens != last_read)).any(dim=0)  # (N,)
+    if bool(stale.all()):
+        return None
+    return stale.nonzero().squeeze(-1)
 
 
 def around_committed(
@@ -490,14 +517,19 @@ def denoise_block(run: Denoising, block: Block, state: CanvasState) -> int:
     history: list[torch.Tensor] = []  # (B, N) argmax of every step so far
     self_conditioning = None  # (B, N, V) the previous step's logits, for models that read them
     done = rule.settled(state, in_window)  # (B,) rows with nothing left to decide
+    last_read: torch.Tensor | None = None  # (B, N) the canvas the pass before read
     step = 0
     for step in range(config.steps):
         if bool(done.all()):
             return step
         # predict: logits of the canvas positions still open (the model reads them all), forbidden tokens out
         columns = open_columns(run, state, done)  # (n,); None: every position
+        rows = rows_to_run(run, state, last_read, step) if columns is not None else None  # (r,); None: all
         kwargs = {} if columns is None else {"columns": columns}
+        if rows is not None:
+            kwargs["rows"] = rows
         logits = run.denoiser.predict(block.context, state.tokens, self_conditioning, **kwargs)  # (B, n, V)
+        last_read = state.tokens.clone()
         run.stats.forward_passes += 1
         run.stats.positions_predicted += logits.shape[0] * logits.shape[1]
         end_ids = run.denoiser.special.end_of_span_ids

@@ -126,6 +126,8 @@ class SamplingSettings:
     """The denoising loop."""
 
     steps: int | None = _setting(None, _optional(_integer(1, 512)))  # forward passes per block; None: the family's
+    canvas_refresh: int | None = _setting(None, _optional(_integer(0, 512)))  # embedded model: the whole canvas
+    # every N passes, in between only its open and just-changed positions; 0: every pass; None: the engine's
     seed: int = _setting(0, _integer(0, 2**31 - 1))  # the same seed and context give the same suggestion
 
 
@@ -216,6 +218,7 @@ class Settings:
     def engine_options(self) -> EngineOptions:
         """The sampling and context settings the engine is configured with."""
         return EngineOptions(steps=self.sampling.steps, seed=self.sampling.seed,
+                             canvas_refresh=self.sampling.canvas_refresh,
                              prefix_tokens=self.context.prefix_tokens, suffix_tokens=self.context.suffix_tokens)
 
 

@@ -82,3 +82,15 @@ def test_forward_cost_separates_the_projection_that_open_columns_alone_pay_for(t
     flops, ms, head = forward_cost(engine, "def add(a, b):\n    return ", "\n", 8, 2, repeats=1)
     assert head == 2 * config.hidden_size * config.vocab_size
     assert 2 * 8 * head < flops and ms > 0  # the layers cost the rest
+
+
+def test_bench_fill_counts_the_canvas_positions_the_layers_ran_over(capsys, bench_file, model_dirs):  # noqa: F811
+    """Between refreshes the embedded model's steps run the layers over the open and just-changed positions only:
+    the bench reports it per pass (and counts those FLOPs, not the whole canvas's)."""
+    args = ["bench", "fill", "--data", str(bench_file), "--model", str(model_dirs["diffill"]), "--sample", "2",
+            "--spans", "16", "--variant", "canvas_refresh=0", "--variant", "canvas_refresh=8", "--json",
+            "--threads", "1"]
+    assert main(args) == 0
+    every, kept = json.loads(capsys.readouterr().out)["rows"]
+    assert every["layer_positions_per_pass"] == 16
+    assert every["loop_steps_median"] > 1 and kept["layer_positions_per_pass"] < 16

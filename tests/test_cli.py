@@ -136,9 +136,13 @@ def test_unknown_language_uses_the_bracket_check(capsys, tmp_path, model_dirs):
     assert checked and all(c["checker"] == "lexical" for c in checked)
 
 
-def test_invalid_sampler_option_is_a_clear_error(capsys, source, model_dirs):
-    code, _, err = run(capsys, "fill", f"{source}:1:1", "--model", str(model_dirs["diffill"]), "--steps", "0")
-    assert code == 2 and "steps must be an integer >= 1" in err
+@pytest.mark.parametrize("option, value, message", [
+    ("--steps", "0", "steps must be an integer >= 1"),
+    ("--canvas-refresh", "-1", "canvas_refresh must be an integer >= 0, 0 for off"),
+])
+def test_invalid_sampler_option_is_a_clear_error(capsys, source, model_dirs, option, value, message):
+    code, _, err = run(capsys, "fill", f"{source}:1:1", "--model", str(model_dirs["diffill"]), option, value)
+    assert code == 2 and message in err
 
 
 def test_console_script_reads_standard_input(model_dirs):

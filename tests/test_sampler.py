@@ -531,6 +531,57 @@ def test_the_embedded_architecture_projects_only_the_open_positions_with_the_sam
         assert set(row[row.index(end):]) == {end}
 
 
+class KeyReusingDenoiser(ProjectingDenoiser):
+    """A projecting denoiser that, as the embedded model's adapter, may be told to run its layers over some rows."""
+
+    reuses_canvas_keys = True
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.seen_rows: list[list[int] | None] = []
+
+    def predict(self, context, canvas, self_conditioning=None, columns=None, rows=None) -> torch.Tensor:
+        self.seen_rows.append(None if rows is None else rows.tolist())
+        return super().predict(context, canvas, self_conditioning, columns)
+
+
+@pytest.mark.parametrize("refresh", [100, 2])
+def test_canvas_refresh_runs_the_layers_only_over_open_and_just_changed_positions(tokenizer, refresh):
+    """Between refreshes a pass runs over the positions still open in some row and those whose token changed since
+    the pass before (their keys and values are computed once with their new token); a refresh reads them all."""
+    ids, confidence = walking_end(tokenizer, "abc", 12)
+    denoiser = KeyReusingDenoiser(tokenizer, ["abc", "ab"], confidence=confidence)
+    config = replace(GREEDY, settle_tail=True, tail_floor=0.5, greedy_first=False, canvas_refresh=refresh)
+    span = denoise_span(denoiser, [], [], 12, config, batch_size=2)
+    assert [text_of(tokenizer, denoiser, row) for row in span.tokens] == ["abc", "ab"]
+    assert len(denoiser.seen_rows) >= 4
+    mask = denoiser.special.mask_id
+    for step, (rows, canvas) in enumerate(zip(denoiser.seen_rows, denoiser.seen_canvases)):
+        if step % refresh == 0:
+            assert rows is None
+            continue
+        before = denoiser.seen_canvases[step - 1]
+        stale = ((canvas == mask) | (canvas != before)).any(dim=0).nonzero().squeeze(-1).tolist()
+        assert rows == (None if len(stale) == 12 else stale)  # the first commits change most of the canvas
+    assert any(rows is not None for rows in denoiser.seen_rows)
+
+
+def test_canvas_refresh_is_off_by_default_and_never_given_to_denoisers_that_cannot_keep_keys(tokenizer):
+    ids, confidence = walking_end(tokenizer, "abc", 12)
+    config = replace(GREEDY, settle_tail=True, tail_floor=0.5)
+    reusing = KeyReusingDenoiser(tokenizer, ["abc"], confidence=confidence)
+    denoise_span(reusing, [], [], 12, config)
+    assert set(map(str, reusing.seen_rows)) == {"None"}  # the default: every pass over the whole canvas
+    projecting = ProjectingDenoiser(tokenizer, ["abc"], confidence=confidence)  # its predict takes no rows
+    span = denoise_span(projecting, [], [], 12, replace(config, canvas_refresh=100))
+    assert text_of(tokenizer, projecting, span.tokens[0]) == "abc"
+
+
+def test_canvas_refresh_must_be_a_count_of_steps():
+    with pytest.raises(ValueError, match="canvas_refresh must be an integer >= 0"):
+        SamplerConfig(canvas_refresh=-1)
+
+
 def test_end_bias_moves_where_a_span_of_unknown_length_ends(tokenizer):
     """Below 0 the model writes on past the end it would choose; above 0 it ends sooner (after min_tokens)."""
     denoiser = ScriptedDenoiser(tokenizer, ["return a + b"], margin=3.0)

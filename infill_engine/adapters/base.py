@@ -60,6 +60,10 @@ class Denoiser(ABC):
     projects_columns: bool = False  # `predict(..., columns=)` computes the logits of those canvas positions only
     reuses_context: bool = False  # an encoded context is not changed by the steps run against it, so another fill
     #                               of the same context (the request's repairs) may run against it again
+    reuses_canvas_keys: bool = False  # `predict(..., columns=, rows=)` runs the layers over the canvas positions
+    #                                   `rows` only (and those the columns' logits need); every other position keeps
+    #                                   the keys and values of its last pass against this context (SamplerConfig.
+    #                                   canvas_refresh)
 
     def __init__(self, model: Any, tokenizer: Any, special: SpecialTokens, path: str) -> None:
         self.model = model
@@ -113,11 +117,13 @@ class Denoiser(ABC):
     @abstractmethod
     def predict(
         self, context: EncodedContext, canvas: torch.Tensor, self_conditioning: torch.Tensor | None = None,
-        columns: torch.Tensor | None = None,
+        columns: torch.Tensor | None = None, rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Logits (B, N, V) for every span position of `canvas` (B, N); where `projects_columns`, with `columns` (n,)
-        the logits (B, n, V) of those positions only (the model still reads the whole canvas). Families that do not
-        project columns are never given any."""
+        the logits (B, n, V) of those positions only (the model still reads the whole canvas); where
+        `reuses_canvas_keys`, with `rows` (r,) as well, the layers run over those positions only (and the ones the
+        columns' logits come from), the others read as their last pass left them. Families that do not project
+        columns or reuse canvas keys are never given any."""
 
     def encode_many(self, requests: list[ContextArgs]) -> list[EncodedContext]:
         """Encode several requests' contexts; families that batch contexts do it in one padded forward pass."""

@@ -46,6 +46,7 @@ class DiffillDenoiser(Denoiser):
     batches_contexts = True
     projects_columns = True
     reuses_context = True  # the steps write only the canvas's keys and values, in the buffers' tails
+    reuses_canvas_keys = True  # the buffers' tails keep each canvas position's keys and values between steps
 
     def __init__(self, model: Any, tokenizer: Any, special: SpecialTokens, path: str) -> None:
         super().__init__(model, tokenizer, special, path)
@@ -54,6 +55,7 @@ class DiffillDenoiser(Denoiser):
             PrefixCache() if getattr(model.config, "causal_context", False) else None)
         self.positions_encoded = 0  # context positions run through the model, all requests together
         self.positions_reused = 0  # context positions whose keys and values came from the prefix cache
+        self.canvas_positions_run = 0  # canvas positions the layers ran over, every step and row together
 
     @torch.no_grad()
     def encode(self, prefix_ids: list[int], suffix_ids: list[int], span_length: int, batch_size: int) -> EncodedContext:
@@ -158,15 +160,20 @@ class DiffillDenoiser(Denoiser):
 
     def predict(
         self, context: EncodedContext, canvas: torch.Tensor, self_conditioning: torch.Tensor | None = None,
-        columns: torch.Tensor | None = None,
+        columns: torch.Tensor | None = None, rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Logits (B, N, V) of the canvas against the cached context; (B, n, V) at `columns` (n,) only if given."""
+        """Logits (B, N, V) of the canvas against the cached context; (B, n, V) at `columns` (n,) only if given; the
+        layers over `rows` (r,) only if given, as `Denoiser.reuses_canvas_keys` says."""
         state: _CanvasOf = context.state
         if state.plan is None or state.plan.shape != canvas.shape:  # once per fill and canvas shape
             positions = state.positions.expand(canvas.shape[0], -1)  # (B, N)
             state.plan = self.model.plan_denoising(positions, state.cache, state.known)
+            rows = None  # a new plan holds no canvas keys and values yet
+        if rows is not None and columns is not None:
+            rows = self.model.canvas_rows_read(rows, columns, canvas.shape[1])
+        self.canvas_positions_run += canvas.shape[0] * (canvas.shape[1] if rows is None else rows.numel())
         with threads_for_pass(canvas.device, canvas.numel()):
-            return self.model.denoise_planned(canvas, state.plan, columns).float()
+            return self.model.denoise_planned(canvas, state.plan, columns, rows).float()
 
     def _encoded(self, args: ContextArgs, cache: DiffillContextCache) -> EncodedContext:
         prefix_length = len(args.prefix_ids)

@@ -29,6 +29,9 @@ def add_arguments(fill: argparse.ArgumentParser) -> None:
     fill.add_argument("--order", help="confidence, margin, entropy or random (default: confidence)")
     fill.add_argument("--threshold", type=float, help="confidence a position needs with --commit threshold")
     fill.add_argument("--temperature", type=float, help="sampling temperature (0 = greedy)")
+    fill.add_argument("--canvas-refresh", type=int, metavar="N",
+                      help="the embedded model: a pass over the whole canvas every N steps, in between only over "
+                           "the open and just-changed positions; 0 every pass (default: the family's)")
     fill.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
     fill.add_argument("--language", help="language or file name for the syntax gate (default: from FILE)")
     fill.add_argument("--no-gate", action="store_true", help="show the raw candidates without the syntax gate")
@@ -104,7 +107,7 @@ def sampler_from_args(args: argparse.Namespace, base: Any) -> Any:
 
     overrides: dict[str, Any] = {"seed": args.seed}
     for name, field_name in (("steps", "steps"), ("block_size", "block_size"), ("commit", "commit"),
-                             ("order", "order"), ("threshold", "threshold")):
+                             ("order", "order"), ("threshold", "threshold"), ("canvas_refresh", "canvas_refresh")):
         if getattr(args, name) is not None:
             overrides[field_name] = getattr(args, name)
     if args.temperature is not None:

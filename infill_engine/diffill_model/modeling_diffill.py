@@ -15,6 +15,10 @@ cache. What the steps of a fill share (the canvas's rotary angles, the attention
 with the context's in its head and room for the canvas's) is computed once per fill by `plan_denoising`; each
 `denoise_planned` step writes the canvas's keys and values into the buffers' tails. `forward` applies the same rule to a whole sequence in one pass, for training, and gives the same logits.
 
+A step may also run the layers over some canvas positions only (`rows`): the others are attended with the keys and
+values the plan's last pass wrote for them. That is exact while their tokens and the canvas are unchanged, and an
+approximation otherwise (the sampler's `canvas_refresh` decides when it is used).
+
 Shapes: B batch, T sequence, C context length, N canvas length, E hidden width, H heads, D head size, V vocabulary.
 """
 
@@ -186,12 +190,14 @@ class DiffillAttention(nn.Module):
         sin: torch.Tensor,
         attn_mask: torch.Tensor | None,
         kv_buffer: tuple[torch.Tensor, torch.Tensor] | None = None,
+        slots: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Attention output (B, T, E), and the keys and values attended (B, Hkv, L, D), for caching.
 
-        Without `kv_buffer` x attends to itself (L = T). With it (keys, values, each (B, Hkv, C + T, D) holding a
-        cached context's in the first C positions), x's own keys and values are written into the last T positions
-        and x attends to the whole buffer (L = C + T): no copy of the context per call."""
+        Without `kv_buffer` x attends to itself (L = T). With it (keys, values, each (B, Hkv, L, D) holding a
+        cached context's in the first C positions), x's own keys and values are written into the last T positions,
+        or into the buffer positions `slots` (T,) when given (the others keep what an earlier call wrote), and x
+        attends to the whole buffer: no copy of the context per call."""
         B, T, E = x.shape
         heads, kv_heads = self.num_heads, self.num_kv_heads
         qkv = self.qkv_proj(x).view(B, T, heads + 2 * kv_heads, self.head_dim)  # q heads, k heads, v heads
@@ -202,8 +208,12 @@ class DiffillAttention(nn.Module):
         keys, values = k, v
         if kv_buffer is not None:
             keys, values = kv_buffer
-            keys[:, :, -T:] = k
-            values[:, :, -T:] = v
+            if slots is None:
+                keys[:, :, -T:] = k
+                values[:, :, -T:] = v
+            else:
+                keys.index_copy_(2, slots, k)
+                values.index_copy_(2, slots, v)
         grouped = kv_heads != heads  # each key/value head serves H / Hkv query heads
         y = F.scaled_dot_product_attention(q, keys, values, attn_mask=attn_mask, enable_gqa=grouped)  # (B, H, T, D)
         y = y.transpose(1, 2).reshape(B, T, E)  # (B, T, E)
@@ -242,9 +252,10 @@ class DiffillBlock(GradientCheckpointingLayer):
         sin: torch.Tensor,
         attn_mask: torch.Tensor | None,
         kv_buffer: tuple[torch.Tensor, torch.Tensor] | None = None,
+        slots: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """New hidden states (B, T, E), and this layer's keys and values attended (B, Hkv, L, D) (see attention)."""
-        attn_out, k, v = self.attn(self.attn_norm(x), cos, sin, attn_mask, kv_buffer)
+        attn_out, k, v = self.attn(self.attn_norm(x), cos, sin, attn_mask, kv_buffer, slots)
         x = x + attn_out
         x = x + self.mlp(self.mlp_norm(x))
         return x, k, v
@@ -375,14 +386,54 @@ class DiffillForInfilling(DiffillPreTrainedModel):
 
     @torch.no_grad()
     def denoise_planned(
-        self, canvas_ids: torch.LongTensor, plan: DiffillDenoisingPlan, columns: torch.LongTensor | None = None
+        self, canvas_ids: torch.LongTensor, plan: DiffillDenoisingPlan, columns: torch.LongTensor | None = None,
+        rows: torch.LongTensor | None = None,
     ) -> torch.Tensor:
         """Logits (B, N, V) for the canvas, one denoising step of a plan (which it writes the canvas's keys into).
 
         With `columns` (n,), the logits (B, n, V) of those canvas positions only: the layers still run over the
-        whole canvas (every position is read), the output projection only over these."""
+        whole canvas (every position is read), the output projection only over these. With `rows` (r,) as well,
+        the layers run only over those canvas positions and the ones whose outputs give the columns' logits; every
+        other position is attended with the keys and values an earlier step of this plan wrote for it (an
+        approximation: they are not recomputed against what changed since)."""
         if canvas_ids.shape != plan.positions.shape:
             raise ValueError(f"a plan for canvases {tuple(plan.positions.shape)} got {tuple(canvas_ids.shape)}")
+        N = canvas_ids.shape[1]
+        if rows is not None and columns is not None:
+            rows = self.canvas_rows_read(rows, columns, N)
+        if rows is None or columns is None or rows.numel() == N:
+            return self._denoise_whole(canvas_ids, plan, columns)
+        x = self.embed_tokens(canvas_ids[:, rows])  # (B, r, E)
+        cos, sin = plan.cos[:, rows], plan.sin[:, rows]  # each (B, r, 1, D)
+        attn_mask = None if plan.attn_mask is None else plan.attn_mask[:, :, rows]  # (B, 1, r, C + N)
+        slots = rows + plan.cache.length  # (r,) where the rows' keys and values go in the buffers
+        for block, keys, values in zip(self.layers, plan.keys, plan.values):
+            x, _, _ = block(x, cos, sin, attn_mask, (keys, values), slots)
+        index_of = torch.full((N,), -1, dtype=torch.long, device=rows.device)
+        index_of[rows] = torch.arange(rows.numel(), device=rows.device)  # canvas position -> its row in x
+        if not self.config.shift_logits:
+            return self.lm_head(self.norm(x[:, index_of[columns]]))  # (B, n, V)
+        out = x[:, index_of[(columns - 1).clamp_min(0)]]  # (B, n, E): position p's logits come from p - 1
+        if bool((columns == 0).any()):  # the first position's come from the context (rows hold position 0 first)
+            before = self._state_before_canvas(x, plan.positions, plan.cache)  # (B, 1, E)
+            out = torch.where((columns == 0)[None, :, None], before, out)
+        return self.lm_head(self.norm(out))  # (B, n, V)
+
+    def canvas_rows_read(self, rows: torch.LongTensor, columns: torch.LongTensor, length: int) -> torch.LongTensor:
+        """The canvas positions (r',) a step with `rows` (r,) and `columns` (n,) runs the layers over: the rows and
+        those whose outputs give the columns' logits, sorted."""
+        needed = torch.zeros(length, dtype=torch.bool, device=rows.device)
+        needed[rows] = True
+        if self.config.shift_logits:
+            needed[(columns - 1).clamp_min(0)] = True  # position 0 is also the fallback of a canvas with no prefix
+        else:
+            needed[columns] = True
+        return needed.nonzero().squeeze(-1)
+
+    def _denoise_whole(
+        self, canvas_ids: torch.LongTensor, plan: DiffillDenoisingPlan, columns: torch.LongTensor | None
+    ) -> torch.Tensor:
+        """Logits (B, N, V), or (B, n, V) at `columns`, from the layers run over every canvas position."""
         x = self.embed_tokens(canvas_ids)  # (B, N, E)
         for block, keys, values in zip(self.layers, plan.keys, plan.values):
             x, _, _ = block(x, plan.cos, plan.sin, plan.attn_mask, (keys, values))

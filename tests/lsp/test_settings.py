@@ -86,3 +86,21 @@ def test_the_command_line_model_options_hold_where_the_editor_sends_none():
     assert (settings.model.path, settings.model.device, settings.model.threads) == ("/models/m", "cpu", 3)
     assert settings.model.dtype == "float32"
     assert parse_settings({}, base)[0].model == base.model
+
+
+def test_the_canvas_refresh_setting_reaches_the_engine_sampler_and_unset_keeps_the_engines(tokenizer):
+    """`sampling.canvasRefresh` 0 gives exact passes over the whole canvas; unset, the engine's default stays."""
+    from infill_engine.engine import InfillEngine
+    from infill_engine.sampler import SamplerConfig
+    from tests.scripted import ScriptedDenoiser
+
+    settings, problems = parse_settings({"sampling": {"canvasRefresh": 0}})
+    assert problems == [] and settings.engine_options().canvas_refresh == 0
+    _, problems = parse_settings({"sampling": {"canvasRefresh": -2}})
+    assert problems and "canvasRefresh" in problems[0]
+    engine = InfillEngine(ScriptedDenoiser(tokenizer, ["x"]), sampler=SamplerConfig(canvas_refresh=8))
+    engine.configure(settings.engine_options())
+    assert engine.sampler.canvas_refresh == 0
+    engine.configure(parse_settings({})[0].engine_options())
+    assert engine.sampler.canvas_refresh == 8
+
