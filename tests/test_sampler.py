@@ -577,6 +577,17 @@ def test_canvas_refresh_is_off_by_default_and_never_given_to_denoisers_that_cann
     assert text_of(tokenizer, projecting, span.tokens[0]) == "abc"
 
 
+@pytest.mark.parametrize("family, refresh", [("diffill", 8), ("diffusion_gemma", 0), ("mlm", 0), ("dream", 0)])
+def test_only_denoisers_that_keep_canvas_keys_get_a_canvas_refresh_by_default(model_dirs, family, refresh):
+    """The embedded model's engine keeps canvas keys between steps; families that cannot (their passes run the whole
+    sequence, or against a dual cache) keep every pass over the whole canvas."""
+    from infill_engine.engine import default_sampler_for
+
+    denoiser = load_denoiser(model_dirs[family], trust_remote_code=True)
+    assert denoiser.reuses_canvas_keys == (family == "diffill")
+    assert default_sampler_for(denoiser).canvas_refresh == refresh
+
+
 def test_canvas_refresh_must_be_a_count_of_steps():
     with pytest.raises(ValueError, match="canvas_refresh must be an integer >= 0"):
         SamplerConfig(canvas_refresh=-1)
