@@ -522,7 +522,8 @@ def denoise_block(run: Denoising, block: Block, state: CanvasState) -> int:
     for step in range(config.steps):
         if bool(done.all()):
             return step
-        # predict: logits of the canvas positions still open (the model reads them all), forbidden tokens out
+        # predict: logits of the canvas positions still open (the model reads them all; between canvas refreshes
+        # it runs only the open and just-changed ones), forbidden tokens out
         columns = open_columns(run, state, done)  # (n,); None: every position
         rows = rows_to_run(run, state, last_read, step) if columns is not None else None  # (r,); None: all
         kwargs = {} if columns is None else {"columns": columns}
