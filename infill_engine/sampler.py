@@ -530,7 +530,7 @@ def denoise_block(run: Denoising, block: Block, state: CanvasState) -> int:
         if rows is not None:
             kwargs["rows"] = rows
         logits = run.denoiser.predict(block.context, state.tokens, self_conditioning, **kwargs)  # (B, n, V)
-        last_read = state.tokens.clone()
+        last_read = state.tokens.clone() if config.canvas_refresh else None  # only a canvas refresh reads it
         run.stats.forward_passes += 1
         run.stats.positions_predicted += logits.shape[0] * logits.shape[1]
         end_ids = run.denoiser.special.end_of_span_ids

@@ -169,11 +169,10 @@ class DiffillDenoiser(Denoiser):
             positions = state.positions.expand(canvas.shape[0], -1)  # (B, N)
             state.plan = self.model.plan_denoising(positions, state.cache, state.known)
             rows = None  # a new plan holds no canvas keys and values yet
-        if rows is not None and columns is not None:
-            rows = self.model.canvas_rows_read(rows, columns, canvas.shape[1])
-        self.canvas_positions_run += canvas.shape[0] * (canvas.shape[1] if rows is None else rows.numel())
         with threads_for_pass(canvas.device, canvas.numel()):
-            return self.model.denoise_planned(canvas, state.plan, columns, rows).float()
+            logits = self.model.denoise_planned(canvas, state.plan, columns, rows).float()
+        self.canvas_positions_run += canvas.shape[0] * state.plan.last_rows
+        return logits
 
     def _encoded(self, args: ContextArgs, cache: DiffillContextCache) -> EncodedContext:
         prefix_length = len(args.prefix_ids)

@@ -74,6 +74,7 @@ class DiffillDenoisingPlan:
     attn_mask: torch.Tensor | None  # (B, 1, N, C + N) True where attended; None when nothing is padded
     keys: tuple[torch.Tensor, ...]  # one (B, Hkv, C + N, D) per layer: the context's keys, then the canvas's
     values: tuple[torch.Tensor, ...]  # one (B, Hkv, C + N, D) per layer
+    last_rows: int = 0  # canvas positions (per row) the plan's last step ran the layers over
 
     @property
     def shape(self) -> torch.Size:
@@ -402,7 +403,9 @@ class DiffillForInfilling(DiffillPreTrainedModel):
         if rows is not None and columns is not None:
             rows = self.canvas_rows_read(rows, columns, N)
         if rows is None or columns is None or rows.numel() == N:
+            plan.last_rows = N
             return self._denoise_whole(canvas_ids, plan, columns)
+        plan.last_rows = rows.numel()
         x = self.embed_tokens(canvas_ids[:, rows])  # (B, r, E)
         cos, sin = plan.cos[:, rows], plan.sin[:, rows]  # each (B, r, 1, D)
         attn_mask = None if plan.attn_mask is None else plan.attn_mask[:, :, rows]  # (B, 1, r, C + N)
