@@ -7,7 +7,8 @@ and tokenizer as the diffusion model, with causal attention everywhere, trained 
 
 `fim_prompt` lays that out for training and for inference alike (as `canvas.layout_canvas` does for the diffusion
 model). `generate_fim` encodes the prompt once (`encode_context`) and then writes one token per forward pass, each
-pass running the layers over the new token only against the cached keys and values (`extend_context`); with
+pass running the layers over the new token only against the cached keys and values (`extend_context`, into buffers
+reserved once for the whole middle: `reserve_context`, so no token copies the context); with
 `use_cache=False` every token re-runs the whole sequence through `forward`, the path training takes, which is what
 the tests compare the cache against.
 """
@@ -126,6 +127,7 @@ class FimGenerator:
             positions = torch.arange(prompt.shape[1], device=self.device)[None]  # (1, P)
             cache = self.model.encode_context(prompt, positions)
             logits = self.model.next_token_logits(cache)  # (1, V)
+            cache = self.model.reserve_context(cache, max_new_tokens)  # each token's keys written in place
         else:
             logits = self._uncached_logits(prompt)
         ms["encode"] = (time.perf_counter() - encode_start) * 1000

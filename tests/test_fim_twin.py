@@ -129,6 +129,32 @@ def test_a_tiny_twin_trains_and_its_kv_cache_writes_what_the_full_pass_writes(tw
         assert not set(cached.token_ids) & set(tokens.never_ids)
 
 
+def test_a_twin_cache_with_room_decodes_what_the_copying_cache_decodes_past_its_room(twin_checkpoint, source_dir):
+    model = DiffillForInfilling.from_pretrained(twin_checkpoint, dtype=torch.float32).eval()
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(twin_checkpoint)
+    text = (source_dir / "heapq.py").read_text()
+    example = make_fim_example(tokenizer, text, random.Random(3), fim_tokens(tokenizer),
+                               ObjectiveConfig(seq_len=96, max_span_tokens=24))
+    ids = torch.tensor([example.input_ids])  # (1, T)
+    start = example.middle_start
+    copying = model.encode_context(ids[:, :start], torch.arange(start)[None])
+    room = 3  # fewer positions than the middle: past them the cache falls back to copying
+    reserved = model.reserve_context(model.encode_context(ids[:, :start], torch.arange(start)[None]), room)
+    assert reserved.length == start and reserved.room is not None
+    for t in range(start, ids.shape[1]):
+        torch.testing.assert_close(model.next_token_logits(reserved), model.next_token_logits(copying))
+        step = (ids[:, t : t + 1], torch.tensor([[t]]))
+        copying, reserved = model.extend_context(*step, copying), model.extend_context(*step, reserved)
+        assert reserved.length == copying.length == t + 1
+        assert (reserved.room is not None) == (t + 1 <= start + room)  # in place while the room lasts
+    padded = model.encode_context(ids[:, :start], torch.arange(start)[None])
+    padded.padding_mask = torch.ones(1, start, dtype=torch.bool)
+    with pytest.raises(ValueError, match="unpadded"):
+        model.reserve_context(padded, 4)
+
+
 HUMANEVAL_STYLE = [
     ("def add(a, b):\n", "    return a + b\n", "\n", "def check(f):\n    assert f(1, 2) == 3\n", "add"),
     ("def neg(x):\n", "    return -x\n", "\n", "def check(f):\n    assert f(2) == -2\n", "neg"),

@@ -47,6 +47,9 @@ class DiffillContextCache:
     # Only for shift_logits models, whose first canvas position is predicted by the context token just before it:
     hidden: torch.Tensor | None = None  # (B, C, E) the context's last-layer output
     positions: torch.LongTensor | None = None  # (B, C) the context's position ids
+    # Decoding token by token (`reserve_context`): buffers longer than this cache, whose first C positions it views;
+    # `extend_context` writes the new tokens into them in place instead of copying the context for every token.
+    room: "DiffillContextCache | None" = None
 
     @property
     def batch_size(self) -> int:
@@ -466,17 +469,50 @@ class DiffillForInfilling(DiffillPreTrainedModel):
             context_keys = known[:, None, None, :].expand(B, 1, T, cache.length)  # (B, 1, T, C)
             new_keys = torch.ones(T, T, dtype=torch.bool, device=ids.device).tril().expand(B, 1, T, T)
             attn_mask = torch.cat([context_keys, new_keys], dim=-1)  # (B, 1, T, C + T)
-        keys, values = _kv_buffers(cache, B, T)  # each layer's (B, Hkv, C + T, D): the context's, then the new
+        C, room = cache.length, cache.room
+        if room is not None and room.batch_size == B and room.length >= C + T and cache.padding_mask is None:
+            keys = tuple(k[:, :, : C + T] for k in room.keys)  # views: the block writes the new keys at C..C+T
+            values = tuple(v[:, :, : C + T] for v in room.values)
+        else:
+            room = None
+            keys, values = _kv_buffers(cache, B, T)  # each layer's (B, Hkv, C + T, D): the context's, then the new
         for block, layer_keys, layer_values in zip(self.layers, keys, values):
             x, _, _ = block(x, cos, sin, attn_mask, (layer_keys, layer_values))
         padding_mask = None
         if cache.padding_mask is not None:
             padding_mask = torch.cat([cache.padding_mask.expand(B, -1), torch.ones_like(ids, dtype=torch.bool)], 1)
-        extended = DiffillContextCache(keys=tuple(keys), values=tuple(values), padding_mask=padding_mask)
-        if self.config.shift_logits:
+        extended = DiffillContextCache(keys=tuple(keys), values=tuple(values), padding_mask=padding_mask, room=room)
+        if self.config.shift_logits and room is not None:
+            room.hidden[:, C : C + T] = x
+            room.positions[:, C : C + T] = positions
+            extended.hidden, extended.positions = room.hidden[:, : C + T], room.positions[:, : C + T]
+        elif self.config.shift_logits:
             extended.hidden = torch.cat([cache.hidden.expand(B, -1, -1), x], dim=1)  # (B, C + T, E)
             extended.positions = torch.cat([cache.positions.expand(B, -1), positions.expand(B, T)], dim=1)
         return extended
+
+    @torch.no_grad()
+    def reserve_context(self, cache: DiffillContextCache, extra: int) -> DiffillContextCache:
+        """The same context with room for `extra` more positions, for decoding token by token: `extend_context` then
+        writes each new token's keys, values and output into that room instead of copying the whole context.
+
+        The room is shared along one line of extensions: extending a cache overwrites what an earlier extension of the
+        same cache wrote there, so extend only the newest cache (as greedy decoding does)."""
+        if cache.padding_mask is not None:
+            raise ValueError("reserve_context takes an unpadded context (one row per context)")
+        B, C = cache.batch_size, cache.length
+        keys, values = _kv_buffers(cache, B, extra)
+        room = DiffillContextCache(keys=keys, values=values, padding_mask=None)
+        if cache.hidden is not None:
+            room.hidden = cache.hidden.new_empty(B, C + extra, cache.hidden.shape[-1])
+            room.hidden[:, :C] = cache.hidden
+            room.positions = cache.positions.new_zeros(B, C + extra)
+            room.positions[:, :C] = cache.positions
+        reserved = DiffillContextCache(keys=tuple(k[:, :, :C] for k in keys), values=tuple(v[:, :, :C] for v in values),
+                                       padding_mask=None, room=room)
+        if room.hidden is not None:
+            reserved.hidden, reserved.positions = room.hidden[:, :C], room.positions[:, :C]
+        return reserved
 
     @torch.no_grad()
     def next_token_logits(self, cache: DiffillContextCache) -> torch.Tensor:
