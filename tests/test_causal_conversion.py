@@ -176,3 +176,24 @@ def test_export_says_what_is_wrong_with_a_checkpoint_that_is_not_there(tmp_path,
     assert stopped.value.code == 2
     assert "is not a checkpoint directory (no config.json)" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_export_writes_a_servable_model_into_a_folder_that_does_not_exist_yet(model_dirs, tmp_path, capsys):
+    from infill_engine.engine import InfillEngine, InfillRequest
+    from infill_engine.loading import load_denoiser
+    from infill_engine.training.export import main
+
+    destination = tmp_path / "eval" / "step-1" / "model"  # neither eval/ nor step-1/ exists
+    assert main([str(model_dirs["diffill"]), str(destination)]) == 0
+    assert (destination / "config.json").is_file() and (destination / "tokenizer.json").is_file()
+    assert [p.name for p in destination.parent.iterdir()] == ["model"]  # no staging folder left behind
+    result = InfillEngine(load_denoiser(destination, device="cpu")).fill(
+        InfillRequest(prefix=PREFIX, suffix=SUFFIX, max_tokens=6, gate=False))
+    assert result.candidates
+
+    occupied = tmp_path / "a-file"
+    occupied.write_text("keep me")
+    with pytest.raises(SystemExit) as stopped:
+        main([str(model_dirs["diffill"]), str(occupied)])
+    assert stopped.value.code == 2 and "is a file, not a model directory" in capsys.readouterr().err
+    assert occupied.read_text() == "keep me"

@@ -29,6 +29,9 @@ def export_checkpoint(
     import infill_engine.diffill_model  # noqa: F401  (registers the model class)
 
     destination = Path(destination)
+    if destination.exists() and not destination.is_dir():
+        raise ValueError(f"{destination} is a file, not a model directory: give a directory to write the model into")
+    destination.parent.mkdir(parents=True, exist_ok=True)  # a new folder, e.g. runs/eval/step-N/model
     # a delta compares the trained weights with the start's exactly, so it reads them at full precision
     model = AutoModelForMaskedLM.from_pretrained(checkpoint, dtype=torch.float32 if delta_base else torch.bfloat16)
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
@@ -66,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not (args.checkpoint / "config.json").is_file():
         parser.exit(2, f"{parser.prog}: {args.checkpoint} is not a checkpoint directory (no config.json)\n")
+    if args.destination.exists() and not args.destination.is_dir():
+        parser.exit(2, f"{parser.prog}: {args.destination} is a file, not a model directory\n")
     print(export_checkpoint(args.checkpoint, args.destination, delta_base=args.delta))
     return 0
 
