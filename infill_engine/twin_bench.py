@@ -65,28 +65,39 @@ def summarize(fills: list[Fill]) -> dict[str, Any]:
     }
 
 
-def diffusion_fill(engine: InfillEngine, problem: Problem, max_tokens: int) -> Fill:
-    """The engine's fill of a problem at unknown length, without the syntax gate."""
+def line_completion(text: str, single_line: bool) -> str:
+    """What is scored: a single-line fill is cut before its line break, so the hole's own line break is given back."""
+    return text + "\n" if single_line else text
+
+
+def diffusion_fill(engine: InfillEngine, problem: Problem, max_tokens: int, single_line: bool = False) -> Fill:
+    """The engine's fill of a problem at unknown length, without the syntax gate (cut at its first line break with
+    `single_line`, as ghost text is)."""
     cpu = time.process_time()
-    result = engine.fill(InfillRequest(problem.prompt, problem.suffix, "python", max_tokens=max_tokens, gate=False))
+    result = engine.fill(InfillRequest(problem.prompt, problem.suffix, "python", max_tokens=max_tokens, gate=False,
+                                       single_line=single_line))
     cpu_ms = (time.process_time() - cpu) * 1000
     best = result.candidates[0] if result.candidates else None
-    return Fill(problem.task_id, best.text if best else "", result.stats.ms.get("total", 0.0), cpu_ms,
-                result.stats.forward_passes, len(best.token_ids) if best else 0)
+    return Fill(problem.task_id, line_completion(best.text if best else "", single_line),
+                result.stats.ms.get("total", 0.0), cpu_ms, result.stats.forward_passes,
+                len(best.token_ids) if best else 0)
 
 
-def twin_fill(twin: FimGenerator, problem: Problem, max_tokens: int, use_cache: bool = True) -> Fill:
-    """The twin's greedy fill of a problem, up to `max_tokens` tokens."""
+def twin_fill(
+    twin: FimGenerator, problem: Problem, max_tokens: int, use_cache: bool = True, single_line: bool = False
+) -> Fill:
+    """The twin's greedy fill of a problem, up to `max_tokens` tokens (stopped at its first line break with
+    `single_line`)."""
     cpu = time.process_time()
-    fill = twin.fill(problem.prompt, problem.suffix, max_tokens, use_cache=use_cache)
+    fill = twin.fill(problem.prompt, problem.suffix, max_tokens, use_cache=use_cache, single_line=single_line)
     cpu_ms = (time.process_time() - cpu) * 1000
     true_ids = twin.tokenizer(problem.canonical_solution, add_special_tokens=False)["input_ids"]
     true_tokens = min(max_tokens, len(true_ids))
     # writing n tokens and the end token takes the prompt's pass and n passes more
     per_pass = fill.ms["decode"] / max(fill.forward_passes - 1, 1)
     at_true_length = fill.ms["tokenize"] + fill.ms["encode"] + true_tokens * per_pass
-    return Fill(problem.task_id, fill.text, fill.ms["total"], cpu_ms, fill.forward_passes, len(fill.token_ids),
-                ms_at_true_length=at_true_length)
+    return Fill(problem.task_id, line_completion(fill.text, single_line), fill.ms["total"], cpu_ms,
+                fill.forward_passes, len(fill.token_ids), ms_at_true_length=at_true_length)
 
 
 def score(problems: list[Problem], fills: list[Fill], workers: int) -> None:
@@ -109,18 +120,19 @@ def compare(
     uncached: bool = False,
     workers: int = 2,
     progress: Callable[[str, int, int], None] | None = None,
+    single_line: bool = False,
 ) -> dict[str, Any]:
     """Both models on the same problems (alternating), then the diffusion sweep (`sampler_overrides` strings); a
-    JSON-ready report."""
+    JSON-ready report. `single_line`: every fill on both sides ends at its first line break, as ghost text does."""
     settings = [(text, sampler_overrides(text)) for text in sweep]
     sweep_problems = sweep_problems if sweep_problems is not None else problems
     base = engine.sampler
-    diffusion_fill(engine, problems[0], max_tokens)  # warm-up, not counted
-    twin_fill(twin, problems[0], max_tokens)
+    diffusion_fill(engine, problems[0], max_tokens, single_line)  # warm-up, not counted
+    twin_fill(twin, problems[0], max_tokens, single_line=single_line)
     diffusion, autoregressive = [], []
     for number, problem in enumerate(problems, 1):
-        diffusion.append(diffusion_fill(engine, problem, max_tokens))
-        autoregressive.append(twin_fill(twin, problem, max_tokens))
+        diffusion.append(diffusion_fill(engine, problem, max_tokens, single_line))
+        autoregressive.append(twin_fill(twin, problem, max_tokens, single_line=single_line))
         if progress is not None:
             progress("both", number, len(problems))
     score(problems, diffusion, workers)
@@ -128,6 +140,7 @@ def compare(
     main_diffusion, main_twin = summarize(diffusion), summarize(autoregressive)
     report: dict[str, Any] = {
         "max_tokens": max_tokens,
+        "single_line": single_line,
         "diffusion": {"sampler": _sampler_dict(base), **main_diffusion},
         "autoregressive": main_twin,
         "speedup_median": _ratio(main_twin["ms_median"], main_diffusion["ms_median"]),
@@ -146,11 +159,11 @@ def compare(
         points.append({"side": "autoregressive", "setting": "KV cache", **main_twin})
     else:  # the sweep's points are on their own problems: measure the defaults and the twin there too
         settings.insert(0, ("default", {}))
-        fills = [twin_fill(twin, p, max_tokens) for p in sweep_problems]
+        fills = [twin_fill(twin, p, max_tokens, single_line=single_line) for p in sweep_problems]
         score(sweep_problems, fills, workers)
         points.append({"side": "autoregressive", "setting": "KV cache", **summarize(fills)})
     if uncached:  # what the twin's cache buys: every token re-runs the whole sequence
-        fills = [twin_fill(twin, p, max_tokens, use_cache=False) for p in sweep_problems]
+        fills = [twin_fill(twin, p, max_tokens, use_cache=False, single_line=single_line) for p in sweep_problems]
         score(sweep_problems, fills, workers)
         points.append({"side": "autoregressive", "setting": "no cache", **summarize(fills)})
     for text, overrides in settings:
@@ -158,7 +171,7 @@ def compare(
         try:
             fills = []
             for number, problem in enumerate(sweep_problems, 1):
-                fills.append(diffusion_fill(engine, problem, max_tokens))
+                fills.append(diffusion_fill(engine, problem, max_tokens, single_line))
                 if progress is not None:
                     progress(text, number, len(sweep_problems))
         finally:

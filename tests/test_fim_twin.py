@@ -199,3 +199,13 @@ def test_bench_vs_ar_writes_both_sides_the_sweep_and_a_plot(tmp_path, twin_check
     assert report["sweep"]["points"][1]["pass@1"] == report["sweep"]["points"][2]["pass@1"]
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "diffusion" in printed and "autoregressive" in printed and "x the twin's speed" in printed
+
+    # single line, as ghost text: both sides stop at the first line break, and the hole's own break is given back
+    assert main([*common, "--sample", "3", "--sweep", "--single-line", "--out", str(out)]) == 0
+    assert "single line" in capsys.readouterr().out
+    report = json.loads(out.read_text())
+    assert report["single_line"] is True
+    for row in report["outcomes"]:
+        for side in ("diffusion", "autoregressive"):
+            completion = row[side]["completion"]
+            assert completion.endswith("\n") and completion.count("\n") == 1, completion

@@ -41,6 +41,9 @@ def add_kinds(kinds: argparse._SubParsersAction) -> dict[str, Callable[[argparse
                              f"{' '.join(DEFAULT_SWEEP)}); none: no sweep")
     parser.add_argument("--sweep-sample", type=int, metavar="N",
                         help="problems for the sweep's points (default: the same as --sample)")
+    parser.add_argument("--single-line", action="store_true",
+                        help="both sides end each fill at its first line break, as ghost text does (the twin then "
+                             "stops there whether or not it has learned to end a middle)")
     parser.add_argument("--uncached", action="store_true",
                         help="add a point for the twin without its KV cache (every token re-runs the sequence)")
     parser.add_argument("--workers", type=int, default=2, help="test subprocesses at a time (default: 2)")
@@ -74,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
         engine = load_in_process(args)
         twin = load_twin(args.twin, device=str(engine.denoiser.device), context=engine.context)
         report = compare(engine, twin, sample, args.max_tokens, args.sweep, sweep_sample, args.uncached,
-                         args.workers, progress=_progress)
+                         args.workers, progress=_progress, single_line=args.single_line)
     except (ValueError, OSError) as error:
         raise UsageError(str(error)) from None
     report = {"model": engine.describe().path, "twin": str(args.twin), "threads": torch.get_num_threads(), **report}
@@ -97,7 +100,8 @@ def table(report: dict) -> str:
     diffusion, twin = report["diffusion"], report["autoregressive"]
     lines = [
         f"diffusion: {report['model']}  twin: {report['twin']}  threads {report['threads']}  "
-        f"{diffusion['problems']} problems, {report['max_tokens']} positions",
+        f"{diffusion['problems']} problems, {report['max_tokens']} positions"
+        f"{', single line' if report.get('single_line') else ''}",
         f"{'':16}{'pass@1':>8}{'exact':>8}{'ms p50':>9}{'ms mean':>9}{'ms p90':>9}{'cpu p50':>9}{'fwd p50':>9}"
         f"{'tok p50':>9}",
     ]
