@@ -200,6 +200,17 @@ def test_bench_vs_ar_writes_both_sides_the_sweep_and_a_plot(tmp_path, twin_check
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "diffusion" in printed and "autoregressive" in printed and "x the twin's speed" in printed
 
+
+def test_bench_vs_ar_single_line_stops_both_sides_at_the_line_break(tmp_path, twin_checkpoint, capsys):
+    data = tmp_path / "problems.jsonl.gz"
+    with gzip.open(data, "wt", encoding="utf-8") as handle:
+        for number, (prompt, middle, suffix, test, entry) in enumerate(HUMANEVAL_STYLE):
+            handle.write(json.dumps({"task_id": f"Tiny/{number}", "prompt": prompt, "canonical_solution": middle,
+                                     "suffix": suffix, "test": test, "entry_point": entry}) + "\n")
+    diffusion = tiny_models.build_diffill(tmp_path / "diffusion")
+    out = tmp_path / "vs-ar.json"
+    common = ["bench", "vs-ar", "--model", str(diffusion), "--twin", str(twin_checkpoint), "--data", str(data),
+              "--max-tokens", "8", "--workers", "1", "--threads", "1"]
     # single line, as ghost text: both sides stop at the first line break, and the hole's own break is given back
     assert main([*common, "--sample", "3", "--sweep", "--single-line", "--out", str(out)]) == 0
     assert "single line" in capsys.readouterr().out

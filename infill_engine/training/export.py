@@ -69,9 +69,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not (args.checkpoint / "config.json").is_file():
         parser.exit(2, f"{parser.prog}: {args.checkpoint} is not a checkpoint directory (no config.json)\n")
-    if args.destination.exists() and not args.destination.is_dir():
-        parser.exit(2, f"{parser.prog}: {args.destination} is a file, not a model directory\n")
-    print(export_checkpoint(args.checkpoint, args.destination, delta_base=args.delta))
+    try:
+        print(export_checkpoint(args.checkpoint, args.destination, delta_base=args.delta))
+    except ValueError as error:  # a destination that is a file: refused before anything is read or written
+        parser.exit(2, f"{parser.prog}: {error}\n")
     return 0
 
 
