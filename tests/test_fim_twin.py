@@ -161,14 +161,18 @@ HUMANEVAL_STYLE = [
     ("def first(xs):\n", "    return xs[0]\n", "\n", "def check(f):\n    assert f([4]) == 4\n", "first"),
 ]
 
-
-def test_bench_vs_ar_writes_both_sides_the_sweep_and_a_plot(tmp_path, twin_checkpoint, capsys):
-    pytest.importorskip("matplotlib")
-    data = tmp_path / "problems.jsonl.gz"
-    with gzip.open(data, "wt", encoding="utf-8") as handle:
+def write_problems(path):
+    """HUMANEVAL_STYLE as a benchmark file in the HumanEval-infilling format."""
+    with gzip.open(path, "wt", encoding="utf-8") as handle:
         for number, (prompt, middle, suffix, test, entry) in enumerate(HUMANEVAL_STYLE):
             handle.write(json.dumps({"task_id": f"Tiny/{number}", "prompt": prompt, "canonical_solution": middle,
                                      "suffix": suffix, "test": test, "entry_point": entry}) + "\n")
+    return path
+
+
+def test_bench_vs_ar_writes_both_sides_the_sweep_and_a_plot(tmp_path, twin_checkpoint, capsys):
+    pytest.importorskip("matplotlib")
+    data = write_problems(tmp_path / "problems.jsonl.gz")
     diffusion = tiny_models.build_diffill(tmp_path / "diffusion")
     out, plot = tmp_path / "vs-ar.json", tmp_path / "vs-ar.png"
     common = ["bench", "vs-ar", "--model", str(diffusion), "--twin", str(twin_checkpoint), "--data", str(data),
@@ -202,11 +206,7 @@ def test_bench_vs_ar_writes_both_sides_the_sweep_and_a_plot(tmp_path, twin_check
 
 
 def test_bench_vs_ar_single_line_stops_both_sides_at_the_line_break(tmp_path, twin_checkpoint, capsys):
-    data = tmp_path / "problems.jsonl.gz"
-    with gzip.open(data, "wt", encoding="utf-8") as handle:
-        for number, (prompt, middle, suffix, test, entry) in enumerate(HUMANEVAL_STYLE):
-            handle.write(json.dumps({"task_id": f"Tiny/{number}", "prompt": prompt, "canonical_solution": middle,
-                                     "suffix": suffix, "test": test, "entry_point": entry}) + "\n")
+    data = write_problems(tmp_path / "problems.jsonl.gz")
     diffusion = tiny_models.build_diffill(tmp_path / "diffusion")
     out = tmp_path / "vs-ar.json"
     common = ["bench", "vs-ar", "--model", str(diffusion), "--twin", str(twin_checkpoint), "--data", str(data),
