@@ -238,6 +238,34 @@ def test_span_extends_past_the_middle_with_end_of_span_targets(tokenizer) -> Non
     assert full.canvas.span_length == config.max_span_tokens  # serving's default request shape
 
 
+def test_end_weight_weighs_the_position_where_the_middle_ends(tokenizer) -> None:
+    tokens = span_tokens(tokenizer)
+    hole = Hole(prefix="values = [1, 2]\n", middle="total = sum(values)\n", suffix="print(total)\n", kind="line")
+    plain, weighted = ObjectiveConfig(seq_len=120, max_span_tokens=40), ObjectiveConfig(seq_len=120, max_span_tokens=40,
+                                                                                        end_weight=4.0)
+    saw_end = 0
+    for seed in range(20):
+        a = build_example(tokenizer, hole, random.Random(seed), tokens, plain)
+        b = build_example(tokenizer, hole, random.Random(seed), tokens, weighted)
+        assert a.input_ids == b.input_ids and a.labels == b.labels  # the same draw: only the weights differ
+        boundary = a.canvas.span_start + a.middle_length
+        for position, (wa, wb) in enumerate(zip(a.loss_weights, b.loss_weights)):
+            if position == boundary and boundary < a.canvas.suffix_start:
+                assert a.labels[position] == tokens.end_of_span_id and wb == pytest.approx(4.0 * wa)
+                saw_end += 1
+            else:
+                assert wb == wa  # the middle, the end-of-span positions after the first, the context
+    assert saw_end > 10  # most spans have end-of-span positions after the middle
+    with pytest.raises(ValueError, match="end_weight"):
+        ObjectiveConfig(end_weight=0.0)
+
+
+def test_end_weight_reaches_the_objective_and_not_the_twin(tmp_path: Path) -> None:
+    assert TrainConfig(run_dir=tmp_path, end_weight=4.0).resolved().objective.end_weight == 4.0
+    with pytest.raises(ValueError, match="--end-weight"):
+        TrainConfig(run_dir=tmp_path, end_weight=4.0, autoregressive=True)
+
+
 def test_masked_positions_carry_weight_one_over_t(tokenizer) -> None:
     tokens = span_tokens(tokenizer)
     config = ObjectiveConfig(seq_len=120, max_span_tokens=40, replace_prob=0.5)

@@ -50,6 +50,9 @@ def add_arguments(train: argparse.ArgumentParser) -> None:
                        help="certainty forcing (dParallel): add W times the entropy of the span predictions that are "
                             "already right, so fills commit more positions per step (default: 0, off; "
                             "see docs/MODEL.md)")
+    train.add_argument("--end-weight", type=float, default=1.0, metavar="W",
+                       help="multiply the loss weight of each span's first end-of-span position (where the middle "
+                            "ends, which decides where a fill of unknown length stops) by W (default: 1)")
     train.add_argument("--autoregressive", action="store_true",
                        help="train the autoregressive twin instead: the same model class and tokenizer (plus FIM "
                             "sentinels), causal attention, prefix-suffix-middle sequences, next-token loss; compare "
@@ -109,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
             dense=args.dense,
             holes=args.holes,
             certainty_weight=args.certainty_weight,
+            end_weight=args.end_weight,
             autoregressive=args.autoregressive,
             data_workers=args.data_workers,
         )

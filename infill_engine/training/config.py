@@ -83,6 +83,8 @@ class TrainConfig:
     holes: int = 1  # holes per training window at most (each window draws 1..holes); 1: one hole, as served
     # Certainty forcing (dParallel): this times the entropy of the span predictions that are already right
     certainty_weight: float = 0.0
+    # the loss weight of each span's first end-of-span position, times this (ObjectiveConfig.end_weight)
+    end_weight: float = 1.0
     # The autoregressive twin (fim_objective): causal attention, prefix-suffix-middle sequences, next-token loss
     autoregressive: bool = False
 
@@ -106,9 +108,12 @@ class TrainConfig:
             raise ValueError(f"time limit must be a positive number of minutes (got {self.time_limit_minutes})")
         if not (isinstance(self.certainty_weight, (int, float)) and 0 <= self.certainty_weight < math.inf):
             raise ValueError(f"certainty weight must be a number >= 0 (got {self.certainty_weight!r})")
-        if self.autoregressive and (self.dense or self.holes > 1 or self.data_workers or self.certainty_weight):
+        if not (isinstance(self.end_weight, (int, float)) and 0 < self.end_weight < math.inf):
+            raise ValueError(f"end weight must be a positive number (got {self.end_weight!r})")
+        if self.autoregressive and (self.dense or self.holes > 1 or self.data_workers or self.certainty_weight
+                                    or self.end_weight != 1.0):
             raise ValueError("--autoregressive trains the twin's own objective: it takes no --dense, --holes, "
-                             "--certainty-weight or --data-workers")
+                             "--certainty-weight, --end-weight or --data-workers")
         if not self.use_stdlib and not self.sources:
             raise ValueError("no training data: give --source DIR, or leave the standard library in")
 
@@ -118,7 +123,7 @@ class TrainConfig:
         seq_len = self.seq_len or preset.seq_len
         steps = self.steps or preset.steps
         objective = self.objective or ObjectiveConfig(seq_len=seq_len, max_span_tokens=min(64, seq_len // 2),
-                                                      holes=self.holes)
+                                                      holes=self.holes, end_weight=self.end_weight)
         return replace(
             self,
             run_dir=Path(self.run_dir),

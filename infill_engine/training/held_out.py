@@ -26,11 +26,12 @@ COMMIT_THRESHOLD = 0.9  # the sampler's default threshold (SamplerConfig.thresho
 
 def held_out_batches(documents: list[Any], tokenizer: Any, objective: Any, seed: int, batch_size: int, count: int,
                      autoregressive: bool = False) -> list[dict[str, torch.Tensor]]:
-    """The fixed held-out batches of a run: one hole per window (as served), drawn from the run's seed."""
+    """The fixed held-out batches of a run: one hole per window (as served) and every span position weighted as the
+    objective weights it without `end_weight`, so runs compare on one scale; drawn from the run's seed."""
     from infill_engine.training.example_stream import ExampleStream
 
     if not autoregressive:
-        objective = replace(objective, holes=1)
+        objective = replace(objective, holes=1, end_weight=1.0)
     stream = ExampleStream(documents, tokenizer, objective, seed + EVAL_SEED_OFFSET, autoregressive=autoregressive)
     return [stream.batch(batch_size) for _ in range(count)]
 

@@ -49,6 +49,9 @@ class ObjectiveConfig:
     window_chars: int = 4096  # text looked at around the hole's start when cutting a token-run hole
     holes: int = 1  # holes per training window at most: each example draws 1..holes (1: one hole, as served)
     min_context_tokens: int = 32  # a window of several holes keeps at least this much context, else it has one hole
+    # the loss weight of a span's first end-of-span position (where the middle ends) is multiplied by this: at
+    # unknown length that one position decides where the fill stops, while the end-of-span positions after it are easy
+    end_weight: float = 1.0
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_span_tokens < self.seq_len:
@@ -64,6 +67,8 @@ class ObjectiveConfig:
             value = getattr(self, name)
             if not 0 <= value <= 1:
                 raise ValueError(f"{name} must be a probability in [0, 1] (got {value})")
+        if not (isinstance(self.end_weight, (int, float)) and 0 < self.end_weight < float("inf")):
+            raise ValueError(f"end_weight must be a positive number (got {self.end_weight!r})")
         if not isinstance(self.holes, int) or self.holes < 1:
             raise ValueError(f"holes must be an integer >= 1 (got {self.holes!r})")
         if self.line_prob + self.block_prob > 1:
@@ -233,7 +238,10 @@ def _fit_middle(
 def corrupt_span(
     targets: list[int], rng: random.Random, tokens: SpanTokens, config: ObjectiveConfig
 ) -> tuple[list[int], list[float], float]:
-    """Noisy span inputs, per-position loss weights and the mask rate t: mask at rate t, replace a few of the rest."""
+    """Noisy span inputs, per-position loss weights and the mask rate t: mask at rate t, replace a few of the rest.
+
+    The first end-of-span target (where the middle ends) has its weight multiplied by `config.end_weight`.
+    """
     t = rng.uniform(config.min_mask_rate, 1.0)
     inputs, weights = [], []
     for target in targets:
@@ -246,6 +254,8 @@ def corrupt_span(
         else:
             inputs.append(target)
             weights.append(1.0)
+    if config.end_weight != 1.0 and tokens.end_of_span_id in targets:
+        weights[targets.index(tokens.end_of_span_id)] *= config.end_weight
     return inputs, weights, t
 
 
