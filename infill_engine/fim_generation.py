@@ -75,6 +75,24 @@ def fim_context_budget(max_positions: int, max_new_tokens: int, context: Context
     return ContextConfig(prefix_tokens=prefix_tokens, suffix_tokens=suffix_tokens)
 
 
+def first_suffix_line(suffix: str) -> str:
+    """The suffix's first line with text in it, stripped ("" when it has none): what a middle must not repeat."""
+    return next((line.strip() for line in suffix.split("\n") if line.strip()), "")
+
+
+def cut_at_suffix_line(text: str, suffix_line: str) -> str | None:
+    """`text` up to the first whole line of it (ended by a line break) that repeats `suffix_line`; None when no line
+    does. A fill that writes the line following the hole has written past the hole."""
+    if not suffix_line:
+        return None
+    start = 0
+    while (end := text.find("\n", start)) != -1:
+        if text[start:end].strip() == suffix_line:
+            return text[:start]
+        start = end + 1
+    return None
+
+
 @dataclass
 class FimFill:
     """What the twin wrote for one hole, and what it cost."""
@@ -82,7 +100,7 @@ class FimFill:
     text: str
     token_ids: list[int]
     forward_passes: int  # one for the prompt, then one per written token after the first
-    ended: bool  # the model wrote the end token (else it stopped at max_new_tokens or a line break)
+    ended: bool  # the model wrote the end token (else it stopped at max_new_tokens, a line break or the suffix)
     ms: dict[str, float] = field(default_factory=dict)  # tokenize, encode (the prompt), decode (the tokens), total
 
 
@@ -103,7 +121,7 @@ class FimGenerator:
     @torch.no_grad()
     def fill(
         self, prefix: str, suffix: str, max_new_tokens: int = 64, use_cache: bool = True, single_line: bool = False,
-        min_tokens: int = 1,
+        min_tokens: int = 1, stop_at_suffix: bool = False,
     ) -> FimFill:
         """Greedily write the middle between `prefix` and `suffix`.
 
@@ -112,6 +130,8 @@ class FimGenerator:
             use_cache: decode each token against the cached keys and values; False re-runs the whole sequence.
             single_line: stop at the first line break (the text is cut there), as ghost text does.
             min_tokens: the end token is not allowed before this many tokens (an empty fill is never offered).
+            stop_at_suffix: stop once a written line repeats the suffix's first line with text, and drop that line
+                (as editors' fill-in-the-middle clients cut a completion that runs into the code after the cursor).
         """
         start = time.perf_counter()
         ms: dict[str, float] = {}
@@ -132,13 +152,18 @@ class FimGenerator:
             logits = self._uncached_logits(prompt)
         ms["encode"] = (time.perf_counter() - encode_start) * 1000
         decode_start = time.perf_counter()
+        suffix_line = first_suffix_line(suffix) if stop_at_suffix else ""
+        cut: str | None = None
         while True:
             token = self._choose(logits, allow_end=len(written) >= min_tokens)
             if token == self.tokens.end_id:
                 ended = True
                 break
             written.append(token)
-            if len(written) >= max_new_tokens or (single_line and "\n" in self.tokenizer.decode([token])):
+            breaks_line = "\n" in self.tokenizer.decode([token])
+            if breaks_line and suffix_line:
+                cut = cut_at_suffix_line(self.tokenizer.decode(written), suffix_line)
+            if len(written) >= max_new_tokens or (single_line and breaks_line) or cut is not None:
                 break
             forwards += 1
             if use_cache:
@@ -148,7 +173,7 @@ class FimGenerator:
             else:
                 logits = self._uncached_logits(torch.cat([prompt, torch.tensor([written], device=self.device)], 1))
         ms["decode"] = (time.perf_counter() - decode_start) * 1000
-        text = self.tokenizer.decode(written)
+        text = self.tokenizer.decode(written) if cut is None else cut
         if single_line and "\n" in text:
             text = text[: text.index("\n")]
         ms["total"] = (time.perf_counter() - start) * 1000

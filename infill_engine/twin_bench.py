@@ -24,7 +24,7 @@ from typing import Any
 
 from infill_engine.engine import InfillEngine, InfillRequest
 from infill_engine.evaluation import Problem, run_test
-from infill_engine.fim_generation import FimGenerator
+from infill_engine.fim_generation import FimGenerator, cut_at_suffix_line, first_suffix_line
 from infill_engine.sampler import SamplerConfig, sampler_overrides
 
 logger = logging.getLogger(__name__)
@@ -70,26 +70,35 @@ def line_completion(text: str, single_line: bool) -> str:
     return text + "\n" if single_line else text
 
 
-def diffusion_fill(engine: InfillEngine, problem: Problem, max_tokens: int, single_line: bool = False) -> Fill:
+def diffusion_fill(
+    engine: InfillEngine, problem: Problem, max_tokens: int, single_line: bool = False, stop_at_suffix: bool = False
+) -> Fill:
     """The engine's fill of a problem at unknown length, without the syntax gate (cut at its first line break with
-    `single_line`, as ghost text is)."""
+    `single_line`, as ghost text is; with `stop_at_suffix`, before a line that repeats the suffix's first line, as the
+    twin stops there)."""
     cpu = time.process_time()
     result = engine.fill(InfillRequest(problem.prompt, problem.suffix, "python", max_tokens=max_tokens, gate=False,
                                        single_line=single_line))
     cpu_ms = (time.process_time() - cpu) * 1000
     best = result.candidates[0] if result.candidates else None
-    return Fill(problem.task_id, line_completion(best.text if best else "", single_line),
+    text = best.text if best else ""
+    if stop_at_suffix:
+        cut = cut_at_suffix_line(text, first_suffix_line(problem.suffix))
+        text = text if cut is None else cut
+    return Fill(problem.task_id, line_completion(text, single_line),
                 result.stats.ms.get("total", 0.0), cpu_ms, result.stats.forward_passes,
                 len(best.token_ids) if best else 0)
 
 
 def twin_fill(
-    twin: FimGenerator, problem: Problem, max_tokens: int, use_cache: bool = True, single_line: bool = False
+    twin: FimGenerator, problem: Problem, max_tokens: int, use_cache: bool = True, single_line: bool = False,
+    stop_at_suffix: bool = False,
 ) -> Fill:
     """The twin's greedy fill of a problem, up to `max_tokens` tokens (stopped at its first line break with
-    `single_line`)."""
+    `single_line`, at a line that repeats the suffix's first line with `stop_at_suffix`)."""
     cpu = time.process_time()
-    fill = twin.fill(problem.prompt, problem.suffix, max_tokens, use_cache=use_cache, single_line=single_line)
+    fill = twin.fill(problem.prompt, problem.suffix, max_tokens, use_cache=use_cache, single_line=single_line,
+                     stop_at_suffix=stop_at_suffix)
     cpu_ms = (time.process_time() - cpu) * 1000
     true_ids = twin.tokenizer(problem.canonical_solution, add_special_tokens=False)["input_ids"]
     true_tokens = min(max_tokens, len(true_ids))
@@ -121,18 +130,21 @@ def compare(
     workers: int = 2,
     progress: Callable[[str, int, int], None] | None = None,
     single_line: bool = False,
+    stop_at_suffix: bool = False,
 ) -> dict[str, Any]:
     """Both models on the same problems (alternating), then the diffusion sweep (`sampler_overrides` strings); a
-    JSON-ready report. `single_line`: every fill on both sides ends at its first line break, as ghost text does."""
+    JSON-ready report. `single_line`: every fill on both sides ends at its first line break, as ghost text does;
+    `stop_at_suffix`: before a line that repeats the suffix's first line (the twin stops writing there)."""
+    stops = {"single_line": single_line, "stop_at_suffix": stop_at_suffix}
     settings = [(text, sampler_overrides(text)) for text in sweep]
     sweep_problems = sweep_problems if sweep_problems is not None else problems
     base = engine.sampler
-    diffusion_fill(engine, problems[0], max_tokens, single_line)  # warm-up, not counted
-    twin_fill(twin, problems[0], max_tokens, single_line=single_line)
+    diffusion_fill(engine, problems[0], max_tokens, **stops)  # warm-up, not counted
+    twin_fill(twin, problems[0], max_tokens, **stops)
     diffusion, autoregressive = [], []
     for number, problem in enumerate(problems, 1):
-        diffusion.append(diffusion_fill(engine, problem, max_tokens, single_line))
-        autoregressive.append(twin_fill(twin, problem, max_tokens, single_line=single_line))
+        diffusion.append(diffusion_fill(engine, problem, max_tokens, **stops))
+        autoregressive.append(twin_fill(twin, problem, max_tokens, **stops))
         if progress is not None:
             progress("both", number, len(problems))
     score(problems, diffusion, workers)
@@ -141,6 +153,7 @@ def compare(
     report: dict[str, Any] = {
         "max_tokens": max_tokens,
         "single_line": single_line,
+        "stop_at_suffix": stop_at_suffix,
         "diffusion": {"sampler": _sampler_dict(base), **main_diffusion},
         "autoregressive": main_twin,
         "speedup_median": _ratio(main_twin["ms_median"], main_diffusion["ms_median"]),
@@ -159,11 +172,11 @@ def compare(
         points.append({"side": "autoregressive", "setting": "KV cache", **main_twin})
     else:  # the sweep's points are on their own problems: measure the defaults and the twin there too
         settings.insert(0, ("default", {}))
-        fills = [twin_fill(twin, p, max_tokens, single_line=single_line) for p in sweep_problems]
+        fills = [twin_fill(twin, p, max_tokens, **stops) for p in sweep_problems]
         score(sweep_problems, fills, workers)
         points.append({"side": "autoregressive", "setting": "KV cache", **summarize(fills)})
     if uncached:  # what the twin's cache buys: every token re-runs the whole sequence
-        fills = [twin_fill(twin, p, max_tokens, use_cache=False, single_line=single_line) for p in sweep_problems]
+        fills = [twin_fill(twin, p, max_tokens, use_cache=False, **stops) for p in sweep_problems]
         score(sweep_problems, fills, workers)
         points.append({"side": "autoregressive", "setting": "no cache", **summarize(fills)})
     for text, overrides in settings:
@@ -171,7 +184,7 @@ def compare(
         try:
             fills = []
             for number, problem in enumerate(sweep_problems, 1):
-                fills.append(diffusion_fill(engine, problem, max_tokens, single_line))
+                fills.append(diffusion_fill(engine, problem, max_tokens, **stops))
                 if progress is not None:
                     progress(text, number, len(sweep_problems))
         finally:

@@ -14,7 +14,7 @@ import torch
 from diffill.cli import main
 from infill_engine.diffill_model import DiffillForInfilling
 from infill_engine.diffill_model.modeling_diffill import IGNORE_INDEX
-from infill_engine.fim_generation import FimGenerator, fim_prompt
+from infill_engine.fim_generation import FimGenerator, cut_at_suffix_line, fim_prompt, first_suffix_line
 from infill_engine.special_tokens import END_OF_SPAN_TOKEN, FIM_MIDDLE_TOKEN, FIM_PREFIX_TOKEN, FIM_SUFFIX_TOKEN
 from infill_engine.training.config import TrainConfig
 from infill_engine.training.fim_objective import (
@@ -170,6 +170,38 @@ def write_problems(path):
     return path
 
 
+def test_a_twin_stopped_at_the_suffix_ends_before_the_line_that_repeats_it(twin_checkpoint):
+    from transformers import AutoTokenizer
+
+    model = DiffillForInfilling.from_pretrained(twin_checkpoint, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(twin_checkpoint)
+    generator = FimGenerator(model, tokenizer)
+    # the twin "writes" a scripted middle (its choices replaced, its cache and passes real): the hole's line, then
+    # the line that already follows the hole, then more
+    script_ids = tokenizer("x = 1\ny = 2\nz = 3\nw = 4\n", add_special_tokens=False)["input_ids"]
+    suffix = "\n  y = 2\nprint(x, y)\n"  # its first line with text, indented differently
+    fills = {}
+    for stop in (False, True):
+        script = iter(script_ids)
+        generator._choose = lambda logits, allow_end: next(script)
+        fills[stop] = generator.fill("def f():\n", suffix, max_new_tokens=len(script_ids), stop_at_suffix=stop)
+    assert fills[False].text == "x = 1\ny = 2\nz = 3\nw = 4\n"  # without the rule it writes on
+    assert fills[True].text == "x = 1\n" and not fills[True].ended
+    written = len(tokenizer("x = 1\ny = 2\n", add_special_tokens=False)["input_ids"])
+    assert fills[True].token_ids == script_ids[:written]  # it stopped at the repeated line's break
+    assert fills[True].forward_passes == written < fills[False].forward_passes
+
+
+def test_a_fill_is_cut_only_at_a_whole_line_that_repeats_the_suffix():
+    assert first_suffix_line("\n\n    return total\n") == "return total"
+    assert first_suffix_line("  \n") == ""
+    assert cut_at_suffix_line("a = 1\n    return total\nmore\n", "return total") == "a = 1\n"
+    assert cut_at_suffix_line("return total\n", "return total") == ""  # the fill starts with the next line
+    assert cut_at_suffix_line("return total + 1\n", "return total") is None  # a longer line is not a repeat
+    assert cut_at_suffix_line("a = 1\n    return total", "return total") is None  # not a whole line yet
+    assert cut_at_suffix_line("\n\n", "") is None  # a suffix without text stops nothing
+
+
 def test_bench_vs_ar_writes_both_sides_the_sweep_and_a_plot(tmp_path, twin_checkpoint, capsys):
     pytest.importorskip("matplotlib")
     data = write_problems(tmp_path / "problems.jsonl.gz")
@@ -220,3 +252,13 @@ def test_bench_vs_ar_single_line_stops_both_sides_at_the_line_break(tmp_path, tw
         for side in ("diffusion", "autoregressive"):
             completion = row[side]["completion"]
             assert completion.endswith("\n") and completion.count("\n") == 1, completion
+
+    # stopped at the suffix: no fill on either side holds a line that repeats the suffix's first line
+    assert main([*common, "--sample", "3", "--sweep", "--stop-at-suffix", "--out", str(out)]) == 0
+    assert "stopped at the suffix" in capsys.readouterr().out
+    report = json.loads(out.read_text())
+    assert report["stop_at_suffix"] is True and report["single_line"] is False
+    suffixes = {json.loads(line)["task_id"]: json.loads(line)["suffix"] for line in gzip.open(data, "rt")}
+    for row in report["outcomes"]:
+        for side in ("diffusion", "autoregressive"):
+            assert cut_at_suffix_line(row[side]["completion"], first_suffix_line(suffixes[row["task_id"]])) is None

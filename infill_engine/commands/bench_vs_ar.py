@@ -44,6 +44,10 @@ def add_kinds(kinds: argparse._SubParsersAction) -> dict[str, Callable[[argparse
     parser.add_argument("--single-line", action="store_true",
                         help="both sides end each fill at its first line break, as ghost text does (the twin then "
                              "stops there whether or not it has learned to end a middle)")
+    parser.add_argument("--stop-at-suffix", action="store_true",
+                        help="the twin stops once a line it wrote repeats the suffix's first line with text (dropped), "
+                             "as editors' fill-in-the-middle clients cut a completion that runs into the code after "
+                             "the cursor; the diffusion fills are cut at the same line")
     parser.add_argument("--uncached", action="store_true",
                         help="add a point for the twin without its KV cache (every token re-runs the sequence)")
     parser.add_argument("--workers", type=int, default=2, help="test subprocesses at a time (default: 2)")
@@ -77,7 +81,8 @@ def run(args: argparse.Namespace) -> int:
         engine = load_in_process(args)
         twin = load_twin(args.twin, device=str(engine.denoiser.device), context=engine.context)
         report = compare(engine, twin, sample, args.max_tokens, args.sweep, sweep_sample, args.uncached,
-                         args.workers, progress=_progress, single_line=args.single_line)
+                         args.workers, progress=_progress, single_line=args.single_line,
+                         stop_at_suffix=args.stop_at_suffix)
     except (ValueError, OSError) as error:
         raise UsageError(str(error)) from None
     report = {"model": engine.describe().path, "twin": str(args.twin), "threads": torch.get_num_threads(), **report}
@@ -101,7 +106,8 @@ def table(report: dict) -> str:
     lines = [
         f"diffusion: {report['model']}  twin: {report['twin']}  threads {report['threads']}  "
         f"{diffusion['problems']} problems, {report['max_tokens']} positions"
-        f"{', single line' if report.get('single_line') else ''}",
+        f"{', single line' if report.get('single_line') else ''}"
+        f"{', stopped at the suffix' if report.get('stop_at_suffix') else ''}",
         f"{'':16}{'pass@1':>8}{'exact':>8}{'ms p50':>9}{'ms mean':>9}{'ms p90':>9}{'cpu p50':>9}{'fwd p50':>9}"
         f"{'tok p50':>9}",
     ]
