@@ -10,7 +10,7 @@ import copy
 import logging
 import math
 import time
-from dataclasses import replace
+from dataclasses import fields, replace
 
 import torch
 
@@ -375,7 +375,8 @@ class InfillEngine:
 
 def default_sampler_for(denoiser: Denoiser) -> SamplerConfig:
     """Library defaults per family (DiffusionGemma's entropy-bound sampler, confidence thresholds elsewhere), with
-    the recommended settings of a catalogued model (`infill_engine.catalogue`) on top."""
+    the recommended settings of a catalogued model (`infill_engine.catalogue`) on top, and on top of those the
+    checkpoint's own (`Denoiser.sampler_settings`, its config.json's `diffill_sampler`)."""
     from infill_engine.catalogue import for_checkpoint
 
     config = SamplerConfig()
@@ -389,6 +390,13 @@ def default_sampler_for(denoiser: Denoiser) -> SamplerConfig:
     known = for_checkpoint(str(denoiser.path))
     if known is not None and known.settings is not None:
         config = replace(config, **known.settings.sampler_fields())
+    own = denoiser.sampler_settings
+    if own:
+        unknown = sorted(set(own) - {f.name for f in fields(SamplerConfig)})
+        if unknown:
+            raise ValueError(f"{denoiser.path}: config.json's diffill_sampler has unknown sampler settings "
+                             f"{', '.join(unknown)}; allowed: the fields of SamplerConfig")
+        config = replace(config, **own)
     return config
 
 

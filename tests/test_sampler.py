@@ -19,6 +19,7 @@ from infill_engine.sampler import (
 )
 from infill_engine.stats import FillStats
 from tests.scripted import ScriptedDenoiser
+from tests import tiny_models
 
 GREEDY = SamplerConfig(steps=64, block_size=64, threshold=0.9, stability_steps=0, confidence_threshold=0.0)
 
@@ -586,6 +587,29 @@ def test_only_denoisers_that_keep_canvas_keys_get_a_canvas_refresh_by_default(mo
     denoiser = load_denoiser(model_dirs[family], trust_remote_code=True)
     assert denoiser.reuses_canvas_keys == (family == "diffill")
     assert default_sampler_for(denoiser).canvas_refresh == refresh
+
+
+def test_a_checkpoint_brings_its_own_sampler_settings_and_a_bad_one_is_refused(tmp_path):
+    """A model whose config.json carries `diffill_sampler` is filled with those settings by default (the embedded
+    model's end_bias); an unknown setting or a bad value names what was wrong when the engine is built."""
+    import json
+
+    from infill_engine.engine import InfillEngine, default_sampler_for
+
+    directory = tiny_models.build_diffill(tmp_path / "own")
+    plain = default_sampler_for(load_denoiser(directory))
+    config_path = directory / "config.json"
+    config = json.loads(config_path.read_text())
+    config_path.write_text(json.dumps({**config, "diffill_sampler": {"end_bias": -0.5}}))
+    engine = InfillEngine(load_denoiser(directory))
+    assert engine.sampler.end_bias == -0.5 and plain.end_bias == 0.0
+    assert replace(engine.sampler, end_bias=0.0) == plain  # nothing else moved
+    for bad, message in (({"end_bais": -0.5}, "unknown sampler settings end_bais"),
+                         ({"end_bias": float("inf")}, "end_bias must be a finite number"),
+                         ([-0.5], "must be an object of sampler settings")):
+        config_path.write_text(json.dumps({**config, "diffill_sampler": bad}))
+        with pytest.raises(ValueError, match=message):
+            InfillEngine(load_denoiser(directory))
 
 
 def test_canvas_refresh_must_be_a_count_of_steps():

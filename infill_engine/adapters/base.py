@@ -99,6 +99,16 @@ class Denoiser(ABC):
         return next(self.model.parameters()).dtype
 
     @property
+    def sampler_settings(self) -> dict[str, Any]:
+        """The sampler settings the checkpoint recommends for itself: its config.json's `diffill_sampler` object
+        (`SamplerConfig` fields, e.g. the embedded model's `end_bias`), empty when it has none."""
+        settings = getattr(self.model.config, "diffill_sampler", None) or {}
+        if not isinstance(settings, dict):
+            raise ValueError(f"{self.path}: config.json's diffill_sampler must be an object of sampler settings "
+                             f"(got {settings!r})")
+        return dict(settings)
+
+    @property
     def vocab_size(self) -> int:
         """Size of the output distribution (may exceed the tokenizer's length)."""
         return int(self.model.get_output_embeddings().weight.shape[0])
