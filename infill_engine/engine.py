@@ -10,7 +10,7 @@ import copy
 import logging
 import math
 import time
-from dataclasses import fields, replace
+from dataclasses import replace
 
 import torch
 
@@ -390,14 +390,7 @@ def default_sampler_for(denoiser: Denoiser) -> SamplerConfig:
     known = for_checkpoint(str(denoiser.path))
     if known is not None and known.settings is not None:
         config = replace(config, **known.settings.sampler_fields())
-    own = denoiser.sampler_settings
-    if own:
-        unknown = sorted(set(own) - {f.name for f in fields(SamplerConfig)})
-        if unknown:
-            raise ValueError(f"{denoiser.path}: config.json's diffill_sampler has unknown sampler settings "
-                             f"{', '.join(unknown)}; allowed: the fields of SamplerConfig")
-        config = replace(config, **own)
-    return config
+    return replace(config, **denoiser.sampler_settings)
 
 
 def _ranked(candidates: list[Candidate], stats: FillStats, rewritten: int | None = None) -> InfillResult:

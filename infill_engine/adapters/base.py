@@ -7,6 +7,7 @@ cache, or plain token ids that are run again) is the adapter's business.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -106,6 +107,12 @@ class Denoiser(ABC):
         if not isinstance(settings, dict):
             raise ValueError(f"{self.path}: config.json's diffill_sampler must be an object of sampler settings "
                              f"(got {settings!r})")
+        from infill_engine.sampler import SamplerConfig
+
+        unknown = sorted(set(settings) - {f.name for f in dataclasses.fields(SamplerConfig)})
+        if unknown:
+            raise ValueError(f"{self.path}: config.json's diffill_sampler has unknown sampler settings "
+                             f"{', '.join(unknown)}; allowed: the fields of SamplerConfig")
         return dict(settings)
 
     @property
