@@ -75,8 +75,12 @@ class SamplerConfig:
             those whose outputs give the open positions' logits), and a committed, unchanged position is attended
             with the keys and values of its last pass: computed once more after its token is committed, then kept
             (dKV-Cache's delayed cache, an approximation: they are not recomputed against later commits).
-        end_bias: added to the end-of-span logits at every position (nats) before tokens are picked: below 0 the
+        end_bias: added to the end-of-span logits (nats) before tokens are picked, at every position unless
+            `end_bias_until_content`: below 0 the
             model writes more before it ends a span at unknown length, above 0 less. 0 leaves the model as it is.
+        end_bias_until_content: end_bias only up to each row's first committed token that is not whitespace (and
+            everywhere while it has none): it keeps a fill from ending before it has written anything, and leaves
+            where a fill with content ends to the model.
         draw: how a sampled token is drawn. "inverse_cdf": one uniform draw per position (fast with several
             candidates); "multinomial": `torch.multinomial` over every row, the draw of transformers' DiffusionGemma
             `generate()`, so the same seed gives its tokens exactly (slower: an exponential variate per vocabulary
@@ -105,6 +109,7 @@ class SamplerConfig:
     tail_floor: float = 0.2
     canvas_refresh: int = 0
     end_bias: float = 0.0
+    end_bias_until_content: bool = False
     draw: str = "inverse_cdf"
     seed: int = 0
 
@@ -335,13 +340,34 @@ def forbid_end_where(
     return logits
 
 
-def shift_end(logits: torch.Tensor, bias: float, end_ids: tuple[int, ...]) -> torch.Tensor:
-    """`logits` (B, n, V) with `bias` added to the end-of-span tokens (SamplerConfig.end_bias)."""
+def shift_end(
+    logits: torch.Tensor, bias: float, end_ids: tuple[int, ...], where: torch.Tensor | None = None,
+    columns: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`logits` (B, n, V) with `bias` added to the end-of-span tokens (SamplerConfig.end_bias): everywhere, or at
+    the canvas positions `where` (B, N) is True; the logits are those of the positions `columns` (n,), or of all."""
     if bias == 0.0 or not end_ids:
         return logits
     logits = logits.clone()
-    logits[..., list(end_ids)] += bias
+    if where is None:
+        logits[..., list(end_ids)] += bias
+        return logits
+    if columns is not None:
+        where = where[:, columns]  # (B, n)
+    logits[..., list(end_ids)] += bias * where[..., None].to(logits.dtype)
     return logits
+
+
+def biased_positions(run: Denoising, state: CanvasState, content_from: torch.Tensor | None) -> torch.Tensor | None:
+    """Where end_bias applies (B, N): with `end_bias_until_content`, up to each row's first committed content
+    position (`content_from`, computed here when not given); None: everywhere."""
+    config = run.config
+    if not config.end_bias_until_content or config.end_bias == 0.0:
+        return None
+    if content_from is None:
+        content_from = first_content(state, run.denoiser.blank_ids, run.denoiser.special.end_of_span_ids)
+    positions = torch.arange(state.tokens.shape[1], device=state.tokens.device)
+    return positions[None, :] <= content_from[:, None]
 
 
 def forbid_tokens(
@@ -534,10 +560,10 @@ def denoise_block(run: Denoising, block: Block, state: CanvasState) -> int:
         run.stats.forward_passes += 1
         run.stats.positions_predicted += logits.shape[0] * logits.shape[1]
         end_ids = run.denoiser.special.end_of_span_ids
-        logits = shift_end(logits, config.end_bias, end_ids)
         content_from = None  # end_after_content: each row's first committed content position
         if config.end_after_content and block.first_position == 0:
             content_from = first_content(state, run.denoiser.blank_ids, end_ids)
+        logits = shift_end(logits, config.end_bias, end_ids, biased_positions(run, state, content_from), columns)
         unforbidden = logits
         logits = forbid_tokens(logits, state, config, run.denoiser.special, block.first_position, columns,
                                content_from)

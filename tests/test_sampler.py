@@ -635,6 +635,26 @@ def test_end_bias_moves_where_a_span_of_unknown_length_ends(tokenizer):
         SamplerConfig(end_bias=float("nan"))
 
 
+def test_end_bias_until_content_writes_past_indentation_and_leaves_a_written_fill_its_own_end(tokenizer):
+    """Scoped to the positions up to the first content token, the bias still keeps a fill the model would end
+    after indentation from ending there, but a fill with content ends where the model ends it; the bias at every
+    position writes that one out to the canvas's end."""
+    end_bias = replace(GREEDY, end_bias=-5.0)
+    scoped = replace(end_bias, end_bias_until_content=True)
+
+    def written(script: str, config: SamplerConfig) -> str:
+        denoiser = ScriptedDenoiser(tokenizer, [script], margin=3.0)
+        return text_of(tokenizer, denoiser, denoise_span(denoiser, [], [], 12, config).tokens[0])
+
+    assert written("    ", GREEDY) == "    "
+    blank = written("    ", scoped)
+    assert blank.startswith("    ") and blank.strip() != ""
+    assert written("return a + b", scoped) == "return a + b"
+    everywhere = written("return a + b", end_bias)
+    assert everywhere.startswith("return a + b") and len(tokenizer(everywhere, add_special_tokens=False)[
+        "input_ids"]) == 12
+
+
 def test_a_span_of_only_indentation_does_not_end_with_end_after_content(tokenizer):
     """The model wants indentation and nothing else (what the user would see as no ghost text): with the rule the
     span writes on past it; the content it writes is the model's next choice."""
