@@ -76,8 +76,8 @@ class SamplerConfig:
             with the keys and values of its last pass: computed once more after its token is committed, then kept
             (dKV-Cache's delayed cache, an approximation: they are not recomputed against later commits).
         end_bias: added to the end-of-span logits (nats) before tokens are picked, at every position unless
-            `end_bias_until_content`: below 0 the
-            model writes more before it ends a span at unknown length, above 0 less. 0 leaves the model as it is.
+            `end_bias_until_content`: below 0 the model writes more before it ends a span at unknown length, above 0
+            less. 0 leaves the model as it is.
         end_bias_until_content: end_bias only up to each row's first committed token that is not whitespace (and
             everywhere while it has none): it keeps a fill from ending before it has written anything, and leaves
             where a fill with content ends to the model.
