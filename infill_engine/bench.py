@@ -93,6 +93,13 @@ class FillCase:
     single_line: bool
 
 
+def ghost_text_hole(prefix: str, suffix: str, middle: str) -> tuple[str, str]:
+    """A benchmark hole as single-line ghost text meets it: where the true `middle` ends its line, that line break
+    stays in the document after the cursor, since a single-line fill stops before its first line break (without it
+    the syntax gate judges the fill joined to the next line, and repairs and rejects what is not broken)."""
+    return (prefix, "\n" + suffix) if middle.endswith("\n") else (prefix, suffix)
+
+
 def fill_cases(spans: list[str]) -> list[FillCase]:
     """Cases from command-line spans: "line" or a number of positions; ValueError for anything else."""
     cases = []
@@ -184,11 +191,13 @@ def bench_fill(
     variants: list[str] | None = None,
     candidates: int = 1,
     after_keystroke: bool = False,
+    line_holes: list[tuple[str, str]] | None = None,
 ) -> dict[str, Any]:
     """Fills of each case at every hole, once per sampler variant (interleaved hole by hole, so that a change in
     the machine's load falls on every variant alike): latency, passes, tokens per forward, the split into stages,
     and achieved GFLOP/s against the matmul peak measured in the same run. `after_keystroke`: each fill comes after
-    the fill of the key before (see `_measured_fill`)."""
+    the fill of the key before (see `_measured_fill`). `line_holes`: the same holes as single-line cases meet them
+    (`ghost_text_hole`; default: `holes`)."""
     variants = variants or [""]
     base = engine.sampler
     configs = [sampler_variant(text, base) for text in variants]
@@ -201,8 +210,9 @@ def bench_fill(
                 rows.append({"span": case.name, "positions": case.positions,
                              "skipped": f"the model has {engine.denoiser.max_positions} positions"})
                 continue
+            case_holes = line_holes if case.single_line and line_holes is not None else holes
             requests = [InfillRequest(prefix, suffix, "python", max_tokens=case.positions, candidates=candidates,
-                                      single_line=case.single_line) for prefix, suffix in holes]
+                                      single_line=case.single_line) for prefix, suffix in case_holes]
             costs = [forward_cost(engine, r.prefix, r.suffix, case.positions, candidates) for r in requests]
             runs: list[list[MeasuredFill]] = [[] for _ in configs]
             for index, request in enumerate(requests):

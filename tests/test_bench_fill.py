@@ -94,3 +94,22 @@ def test_bench_fill_counts_the_canvas_positions_the_layers_ran_over(capsys, benc
     every, kept = json.loads(capsys.readouterr().out)["rows"]
     assert every["layer_positions_per_pass"] == 16
     assert every["loop_steps_median"] > 1 and kept["layer_positions_per_pass"] < 16
+
+
+def test_single_line_cases_leave_the_hole_s_line_break_in_the_document(tokenizer):
+    """A single-line fill stops before its line break; where the benchmark's middle ends its line, that break stays
+    after the cursor, as in an editor. A model that writes the true line then passes the syntax gate; joined to the
+    next line, the same fill would be a syntax error, repaired and rejected."""
+    from infill_engine.bench import bench_fill, ghost_text_hole
+    from infill_engine.engine import InfillEngine
+    from tests.scripted import ScriptedDenoiser
+
+    prefix, middle, suffix = "def f(t):\n", "    return t\n", "x = 1\n"
+    engine = InfillEngine(ScriptedDenoiser(tokenizer, [middle]))
+    line = fill_cases(["line"])
+    assert ghost_text_hole(prefix, suffix, middle) == (prefix, "\n" + suffix)
+    assert ghost_text_hole(prefix, suffix, "    return t") == (prefix, suffix)  # a middle inside its line
+    (joined,) = bench_fill(engine, [(prefix, suffix)], line)["rows"]
+    (kept,) = bench_fill(engine, [(prefix, suffix)], line, line_holes=[ghost_text_hole(prefix, suffix, middle)])["rows"]
+    assert joined["with_suggestion"] == 0 and joined["repairs_mean"] > 0
+    assert kept["with_suggestion"] == 1 and kept["repairs_mean"] == 0

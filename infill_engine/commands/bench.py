@@ -81,7 +81,7 @@ def run_fill(args: argparse.Namespace) -> int:
     import torch
 
     from infill_engine.atomic import write_text_atomic
-    from infill_engine.bench import bench_fill, fill_cases, profile_one_fill, sampler_variant
+    from infill_engine.bench import bench_fill, fill_cases, ghost_text_hole, profile_one_fill, sampler_variant
     from infill_engine.evaluation import DEFAULT_BENCH, load_problems, spread_sample
 
     try:
@@ -91,12 +91,14 @@ def run_fill(args: argparse.Namespace) -> int:
         for variant in args.variant or []:
             sampler_variant(variant, engine.sampler)
         holes = [(p.prompt, p.suffix) for p in problems]
-        report = bench_fill(engine, holes, cases, args.variant, args.candidates, args.after_keystroke)
+        line_holes = [ghost_text_hole(p.prompt, p.suffix, p.canonical_solution) for p in problems]
+        report = bench_fill(engine, holes, cases, args.variant, args.candidates, args.after_keystroke, line_holes)
     except ValueError as error:
         raise UsageError(str(error)) from None
     if args.profile:
-        report["profiles"] = {case.name: profile_one_fill(engine, *holes[0], case) for case in cases
-                              if engine.denoiser.max_positions - case.positions - 2 >= 16}
+        report["profiles"] = {
+            case.name: profile_one_fill(engine, *(line_holes if case.single_line else holes)[0], case)
+            for case in cases if engine.denoiser.max_positions - case.positions - 2 >= 16}
     report = {"model": engine.describe().path, "threads": torch.get_num_threads(), **report}
     text = json.dumps(report, indent=2)
     if args.out:
@@ -128,13 +130,14 @@ def run_ghost(args: argparse.Namespace) -> int:
     """Single-line ghost-text latency, steps and yield at real holes."""
     import torch
 
-    from infill_engine.bench import bench_ghost
+    from infill_engine.bench import bench_ghost, ghost_text_hole
     from infill_engine.evaluation import DEFAULT_BENCH, load_problems, spread_sample
 
     try:
         problems = spread_sample(load_problems(args.data or DEFAULT_BENCH), args.sample)
         engine = load_in_process(args)
-        report = bench_ghost(engine, [(p.prompt, p.suffix) for p in problems], args.max_tokens, args.candidates)
+        holes = [ghost_text_hole(p.prompt, p.suffix, p.canonical_solution) for p in problems]
+        report = bench_ghost(engine, holes, args.max_tokens, args.candidates)
     except ValueError as error:
         raise UsageError(str(error)) from None
     report = {"model": engine.describe().path, "threads": torch.get_num_threads(), **report}
