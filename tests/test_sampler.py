@@ -606,6 +606,10 @@ def test_a_checkpoint_brings_its_own_sampler_settings_and_a_bad_one_is_refused(t
     assert replace(engine.sampler, end_bias=0.0) == plain  # nothing else moved
     for bad, message in (({"end_bais": -0.5}, "unknown sampler settings end_bais"),
                          ({"end_bias": float("inf")}, "end_bias must be a finite number"),
+                         ({"end_bias": "-0.5"}, "end_bias must be a number"),
+                         ({"end_bias_until_content": "false"}, "end_bias_until_content must be true or false"),
+                         ({"steps": 8.5}, "steps must be an integer"),
+                         ({"commit": 1}, "commit must be text"),
                          ([-0.5], "must be an object of sampler settings")):
         config_path.write_text(json.dumps({**config, "diffill_sampler": bad}))
         with pytest.raises(ValueError, match=message):

@@ -113,6 +113,12 @@ class Denoiser(ABC):
         if unknown:
             raise ValueError(f"{self.path}: config.json's diffill_sampler has unknown sampler settings "
                              f"{', '.join(unknown)}; allowed: the fields of SamplerConfig")
+        defaults = SamplerConfig()
+        for key, value in settings.items():
+            expected = type(getattr(defaults, key))
+            if not _of_setting_type(value, expected):
+                wanted = {bool: "true or false", int: "an integer", float: "a number"}.get(expected, "text")
+                raise ValueError(f"{self.path}: config.json's diffill_sampler {key} must be {wanted} (got {value!r})")
         return dict(settings)
 
     @property
@@ -157,3 +163,13 @@ class Denoiser(ABC):
     ) -> EncodedContext:
         """Append-mode models: the context is the prefix plus each row's finished blocks `continuation` (B, k)."""
         raise NotImplementedError(f"{self.family} denoises the whole span on one canvas")
+
+
+def _of_setting_type(value: Any, expected: type) -> bool:
+    """Whether a JSON value fits a SamplerConfig field of type `expected` (an integer is a fine float; a bool is
+    neither a number nor text)."""
+    if expected is bool or isinstance(value, bool):
+        return expected is bool and isinstance(value, bool)
+    if expected is float:
+        return isinstance(value, (int, float))
+    return isinstance(value, expected)
