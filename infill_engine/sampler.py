@@ -366,8 +366,7 @@ def biased_positions(run: Denoising, state: CanvasState, content_from: torch.Ten
         return None
     if content_from is None:
         content_from = first_content(state, run.denoiser.blank_ids, run.denoiser.special.end_of_span_ids)
-    positions = torch.arange(state.tokens.shape[1], device=state.tokens.device)
-    return positions[None, :] <= content_from[:, None]
+    return up_to_content(state, content_from)
 
 
 def forbid_tokens(
@@ -412,8 +411,14 @@ def forbid_blank_end(
     None."""
     if not end_ids:
         return logits
+    return forbid_end_where(logits, up_to_content(state, first), end_ids, columns)
+
+
+def up_to_content(state: CanvasState, first: torch.Tensor) -> torch.Tensor:
+    """The canvas positions (B, N) up to and including each row's first content position `first` (B,): all of a row
+    that has none yet (`first` is then the canvas length)."""
     positions = torch.arange(state.tokens.shape[1], device=state.tokens.device)
-    return forbid_end_where(logits, positions[None, :] <= first[:, None], end_ids, columns)  # no content yet
+    return positions[None, :] <= first[:, None]
 
 
 def start_before_end(
