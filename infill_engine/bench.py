@@ -261,6 +261,7 @@ def _fill_row(case: FillCase, variant: str, measured: list[MeasuredFill],
         "layer_positions_per_pass": round(sum(counted) / max(passes, 1), 1) if counted else None,
         "context_positions_encoded_median": statistics.median(m.encoded for m in measured),
         "tokens_per_forward": round(tokens / max(passes, 1), 3),  # all tokens over all passes, empty fills too
+        "canvas_positions_per_forward": round(sum(s.canvas_positions for s in stats) / max(passes, 1), 3),
         "tokens_median": statistics.median(s.tokens_generated for s in stats),
         "repairs_mean": round(statistics.mean(s.repairs for s in stats), 2),
         "with_suggestion": round(sum(1 for m in measured if (m.result.text or "").strip()) / len(measured), 3),

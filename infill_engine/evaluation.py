@@ -51,6 +51,9 @@ class Outcome:
     exact: bool = False
     syntax_ok: bool = False
     tokens_per_forward: float = 0.0
+    forward_passes: int = 0
+    tokens: int = 0  # span tokens written (before the end-of-span)
+    positions: int = 0  # canvas positions
     ms: float = 0.0
 
 
@@ -64,14 +67,16 @@ class Report:
     def summary(self) -> dict[str, Any]:
         """Percentages and means."""
         count = max(len(self.outcomes), 1)
+        passes = max(sum(o.forward_passes for o in self.outcomes), 1)
         return {
             "protocol": self.protocol,
             "problems": len(self.outcomes),
             "pass@1": round(100 * sum(o.passed for o in self.outcomes) / count, 2),
             "exact_match": round(100 * sum(o.exact for o in self.outcomes) / count, 2),
             "syntax_valid": round(100 * sum(o.syntax_ok for o in self.outcomes) / count, 2),
-            "tokens_per_forward": round(statistics.mean(o.tokens_per_forward for o in self.outcomes), 3)
-            if self.outcomes else 0.0,
+            # all fills' tokens (or canvas positions) over all their passes, as `diffill bench fill` counts them
+            "tokens_per_forward": round(sum(o.tokens for o in self.outcomes) / passes, 3),
+            "canvas_positions_per_forward": round(sum(o.positions for o in self.outcomes) / passes, 3),
             "ms_per_problem": round(statistics.mean(o.ms for o in self.outcomes), 1) if self.outcomes else 0.0,
         }
 
@@ -201,6 +206,9 @@ def evaluate(
                 exact=completion.strip() == problem.canonical_solution.strip(),
                 syntax_ok=best is not None and best.passed,
                 tokens_per_forward=result.stats.tokens_per_forward,
+                forward_passes=result.stats.forward_passes,
+                tokens=result.stats.tokens_generated,
+                positions=result.stats.canvas_positions,
                 ms=result.stats.ms.get("total", 0.0),
             ))
             if progress is not None:

@@ -28,6 +28,12 @@ class FillStats:
         """Span tokens of the best candidate per denoiser forward pass."""
         return self.tokens_generated / self.forward_passes if self.forward_passes else 0.0
 
+    @property
+    def canvas_positions_per_forward(self) -> float:
+        """Canvas positions of one row (end-of-span ones too) per denoiser forward pass: LLaDA's and Fast-dLLM's
+        accounting, where generating `gen_length` positions one per step is 1."""
+        return self.canvas_positions / self.forward_passes if self.forward_passes else 0.0
+
     @contextmanager
     def timed(self, stage: str) -> Iterator[None]:
         """Add the wall time of the block to `ms[stage]`."""
@@ -44,6 +50,7 @@ class FillStats:
             "context_encodes": self.context_encodes,
             "tokens_generated": self.tokens_generated,
             "tokens_per_forward": round(self.tokens_per_forward, 3),
+            "canvas_positions_per_forward": round(self.canvas_positions_per_forward, 3),
             "canvas_positions": self.canvas_positions,
             "positions_predicted": self.positions_predicted,
             "candidates": self.candidates,

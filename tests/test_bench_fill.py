@@ -29,6 +29,7 @@ def test_bench_fill_reports_each_span_and_variant_and_writes_json(capsys, bench_
         assert set(row["ms_stages_median"]) == {"tokenize", "encode", "denoise", "gate", "repair"}
         assert row["forward_passes_median"] >= row["loop_steps_median"] >= 1
         assert row["gflop_per_forward"] > 0 and row["gflops_steps"] > 0
+        assert row["canvas_positions_per_forward"] >= row["tokens_per_forward"]  # a row holds more than its text
 
 
 def test_bench_fill_names_a_bad_span_or_variant(capsys, bench_file, model_dirs):  # noqa: F811

@@ -170,3 +170,38 @@ def test_doctor_reports_a_broken_model(capsys, tmp_path):
     code, out, _ = run(capsys, "doctor", "--model", str(tmp_path / "nope"), "--json")
     assert code == 1
     assert "does not exist" in json.loads(out)["model"]["error"]
+
+
+def test_a_time_budget_cuts_the_fill_short_and_says_so(capsys, source, model_dirs):
+    """--budget-ms 0: one denoising pass, the rest takes the model's best guess; the user is told."""
+    target, model = f"{source}:5:17", str(model_dirs["diffill"])
+    code, out, err = run(capsys, "fill", target, "--model", model, "--json", "--max-tokens", "8", "--budget-ms", "0")
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["steps"] == 1 and report["stats"]["over_budget"] is True
+    _, _, err = run(capsys, "fill", target, "--model", model, "--max-tokens", "8", "--budget-ms", "0", "--no-gate")
+    assert "the 0 ms budget ran out" in err
+    _, out, err = run(capsys, "fill", target, "--model", model, "--json", "--max-tokens", "8")
+    assert json.loads(out)["stats"]["over_budget"] is False and "budget" not in err
+
+
+def test_a_sampler_variant_applies_and_the_own_options_win(capsys, source, model_dirs):
+    """threshold=0 commits every position in the first pass; --threshold 1.0 over it commits one a pass."""
+    target, model = f"{source}:5:17", str(model_dirs["diffill"])
+    steps = {}
+    for extra in ([], ["--threshold", "1.0"]):
+        code, out, err = run(capsys, "fill", target, "--model", model, "--json", "--no-gate", "--max-tokens", "8",
+                             "--variant", "threshold=0,settle_tail=false,confidence_threshold=0", *extra)
+        assert code == 0, err
+        steps[bool(extra)] = json.loads(out)["steps"]
+    assert steps[False] == 1 and steps[True] >= 2
+
+
+@pytest.mark.parametrize("option, message", [
+    (["--variant", "threshold=2"], "threshold must be within 0..1"),
+    (["--variant", "speed=fast"], "a sampler override is KEY=VALUE"),
+    (["--budget-ms", "-5"], "--budget-ms must be an integer >= 0"),
+])
+def test_bad_fill_options_are_refused_before_the_model_loads(capsys, source, option, message):
+    code, _, err = run(capsys, "fill", f"{source}:5:17", "--model", "/nonexistent/model", *option)
+    assert code == 2 and message in err and "Traceback" not in err

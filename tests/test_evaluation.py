@@ -122,3 +122,18 @@ def test_bench_ghost_fills_each_hole_as_single_line_ghost_text(capsys, bench_fil
     assert main(["bench", "ghost", "--data", str(bench_file), "--model", str(model_dirs["diffill"]),
                  "--max-tokens", "0"]) == 2
     assert "max_tokens" in capsys.readouterr().err
+
+
+def test_per_forward_figures_count_all_fills_together(capsys, bench_file, model_dirs, tmp_path):
+    """The summary's tokens and canvas positions per forward are totals over totals (as `bench fill` counts them):
+    with a budget of 0 ms each fill decides its whole canvas of 8 positions in its one pass."""
+    out_file = tmp_path / "budget.json"
+    assert main(["eval", "humaneval-infill", "--data", str(bench_file), "--model", str(model_dirs["diffill"]),
+                 "--protocol", "unknown", "--max-tokens", "8", "--budget-ms", "0", "--json",
+                 "--out", str(out_file)]) == 0
+    summary = json.loads(capsys.readouterr().out)["summary"][0]
+    outcomes = json.loads(out_file.read_text())["outcomes"]["unknown"]
+    assert all(o["forward_passes"] == 1 and o["positions"] == 8 for o in outcomes)
+    assert summary["canvas_positions_per_forward"] == 8
+    assert summary["tokens_per_forward"] == round(sum(o["tokens"] for o in outcomes) / len(outcomes), 3)
+    assert 0 < summary["tokens_per_forward"] <= 8

@@ -19,6 +19,26 @@ class UsageError(Exception):
     """Bad input from the command line, reported as one clear line without a traceback (exit status 2)."""
 
 
+def add_fill_options(parser: argparse.ArgumentParser, *, effect: str) -> None:
+    """--variant (sampler settings) and --budget-ms (a fill's time budget); `effect` ends the budget's help."""
+    parser.add_argument("--variant", metavar="KEY=VALUE[,...]",
+                        help="sampler settings for this run, e.g. end_bias=-1,threshold=0.7 (SamplerConfig fields)")
+    parser.add_argument("--budget-ms", type=int, metavar="MS",
+                        help="each fill's time budget, as the language server's completion.budgetMs (250) sets it: "
+                             f"past it the undecided positions take the model's best guess and repairs are skipped"
+                             f"{effect} (default: no limit)")
+
+
+def check_fill_options(args: argparse.Namespace) -> None:
+    """Refuse a bad --variant or --budget-ms before a model loads (ValueError naming what is allowed)."""
+    from infill_engine.sampler import sampler_overrides
+
+    if args.variant:
+        sampler_overrides(args.variant)
+    if args.budget_ms is not None and args.budget_ms < 0:
+        raise ValueError(f"--budget-ms must be an integer >= 0 (milliseconds) (got {args.budget_ms})")
+
+
 def load_in_process(args: argparse.Namespace) -> InfillEngine:
     """The engine of the command line's model options, loaded in this process (with --threads where given)."""
     from infill_engine.engine import InfillEngine

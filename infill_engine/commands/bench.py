@@ -109,7 +109,7 @@ def run_fill(args: argparse.Namespace) -> int:
     print(f"model: {report['model']}; threads {report['threads']}; {report['holes']} holes; "
           f"{report['candidates']} candidate(s); matmul peak {report['matmul_peak_gflops']} GFLOP/s"
           + ("; each fill after the key before" if report["after_keystroke"] else ""))
-    print(f"{'span':>5} {'variant':<22} {'ms p50':>7} {'ms p95':>7} {'passes':>6} {'tok/fwd':>7} {'pos/pass':>8} {'rows/pass':>9} "
+    print(f"{'span':>5} {'variant':<22} {'ms p50':>7} {'ms p95':>7} {'passes':>6} {'tok/fwd':>7} {'canvas/fwd':>10} {'pos/pass':>8} {'rows/pass':>9} "
           f"{'tokenize':>8} {'encoded':>7} {'encode':>7} {'denoise':>8} {'gate':>6} {'repair':>7} {'ms/step':>7} "
           f"{'GFLOP/s':>8} {'of peak':>7}")
     for row in report["rows"]:
@@ -118,7 +118,8 @@ def run_fill(args: argparse.Namespace) -> int:
             continue
         ms = row["ms_stages_median"]
         print(f"{row['span']:>5} {row['variant']:<22} {row['ms_median']:>7} {row['ms_p95']:>7} "
-              f"{row['forward_passes_median']:>6} {row['tokens_per_forward']:>7} {row['positions_per_pass']:>8} "
+              f"{row['forward_passes_median']:>6} {row['tokens_per_forward']:>7} {row['canvas_positions_per_forward']:>10} "
+              f"{row['positions_per_pass']:>8} "
               f"{str(row['layer_positions_per_pass'] or '-'):>9} {ms['tokenize']:>8} {row['context_positions_encoded_median']:>7} {ms['encode']:>7} {ms['denoise']:>8} {ms['gate']:>6} {ms['repair']:>7} "
               f"{row['ms_per_step_median']:>7} {row['gflops_steps']:>8} {row['share_of_peak_steps']:>7}")
     for name, table in report.get("profiles", {}).items():

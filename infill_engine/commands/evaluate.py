@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from infill_engine.commands import UsageError, load_in_process
+from infill_engine.commands import UsageError, add_fill_options, check_fill_options, load_in_process
 from infill_engine.interface import add_model_options
 
 HELP = "score a model on an infilling benchmark"
@@ -24,12 +24,7 @@ def add_arguments(evaluation: argparse.ArgumentParser) -> None:
     humaneval.add_argument("--protocol", choices=["both", "unknown", "oracle"], default="both",
                            help="span length unknown (the engine decides), oracle (the true length), or both")
     humaneval.add_argument("--max-tokens", type=int, default=48, help="canvas positions, unknown length (default 48)")
-    humaneval.add_argument("--variant", metavar="KEY=VALUE[,...]",
-                           help="sampler settings for this run, e.g. end_bias=-1,threshold=0.7 (SamplerConfig fields)")
-    humaneval.add_argument("--budget-ms", type=int, metavar="MS",
-                           help="each fill's time budget, as the language server's completion.budgetMs (250) sets "
-                                "it: past it the undecided positions take the model's best guess and repairs are "
-                                "skipped; the scores then depend on the machine's speed (default: no limit)")
+    add_fill_options(humaneval, effect="; the scores then depend on the machine's speed")
     humaneval.add_argument("--workers", type=int, default=2, help="parallel test subprocesses (default: 2)")
     humaneval.add_argument("--out", help="also write every completion and verdict to this JSON file")
     humaneval.add_argument("--json", action="store_true", help="print JSON")
@@ -41,16 +36,13 @@ def run(args: argparse.Namespace) -> int:
 
     from infill_engine.atomic import write_text_atomic
     from infill_engine.evaluation import DEFAULT_BENCH, PROTOCOLS, evaluate, load_problems, spread_sample
-    from infill_engine.sampler import sampler_overrides, sampler_variant
+    from infill_engine.sampler import sampler_variant
 
     try:
         problems = load_problems(args.data or DEFAULT_BENCH, args.limit)
         if args.sample is not None:
             problems = spread_sample(problems, args.sample)
-        if args.variant:
-            sampler_overrides(args.variant)  # refused before the model loads
-        if args.budget_ms is not None and args.budget_ms < 0:
-            raise ValueError(f"--budget-ms must be an integer >= 0 (milliseconds) (got {args.budget_ms})")
+        check_fill_options(args)
     except ValueError as error:
         raise UsageError(str(error)) from None
     engine = load_in_process(args)
@@ -76,8 +68,8 @@ def run(args: argparse.Namespace) -> int:
     variant = f"; sampler {args.variant}" if args.variant else ""
     budget = f"; budget {args.budget_ms} ms a fill" if args.budget_ms is not None else ""
     print(f"model: {model.path} ({model.family}); {len(problems)} problems{variant}{budget}")
-    print(f"{'protocol':<9} {'pass@1':>7} {'exact':>7} {'syntax':>7} {'tok/fwd':>8} {'ms/problem':>11}")
+    print(f"{'protocol':<9} {'pass@1':>7} {'exact':>7} {'syntax':>7} {'tok/fwd':>8} {'canvas/fwd':>10} {'ms/problem':>11}")
     for row in summaries:
         print(f"{row['protocol']:<9} {row['pass@1']:>7} {row['exact_match']:>7} {row['syntax_valid']:>7} "
-              f"{row['tokens_per_forward']:>8} {row['ms_per_problem']:>11}")
+              f"{row['tokens_per_forward']:>8} {row['canvas_positions_per_forward']:>10} {row['ms_per_problem']:>11}")
     return 0

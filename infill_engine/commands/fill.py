@@ -9,7 +9,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from infill_engine.commands import UsageError, load_in_process
+from infill_engine.commands import UsageError, add_fill_options, check_fill_options, load_in_process
 from infill_engine.interface import add_model_options
 
 HELP = "fill the hole at a position or marker and print the fill"
@@ -20,7 +20,7 @@ def add_arguments(fill: argparse.ArgumentParser) -> None:
     """The options of `diffill fill`."""
     fill.add_argument("target", help="FILE:LINE:COL (1-based), or FILE with --hole; '-' reads standard input")
     fill.add_argument("--hole", metavar="MARKER", help="fill where this marker string stands (it is removed)")
-    add_model_options(fill)
+    add_model_options(fill, threads="torch threads (default: torch's)")
     fill.add_argument("--max-tokens", type=int, default=64, help="span positions on the canvas (default: 64)")
     fill.add_argument("--candidates", type=int, default=1, help="canvases denoised in one batch (default: 1)")
     fill.add_argument("--steps", type=int, help="denoising steps per block (default: the family's)")
@@ -32,6 +32,7 @@ def add_arguments(fill: argparse.ArgumentParser) -> None:
     fill.add_argument("--canvas-refresh", type=int, metavar="N",
                       help="the embedded model: a pass over the whole canvas every N steps, in between only over "
                            "the open and just-changed positions; 0 every pass (default: the family's)")
+    add_fill_options(fill, effect=" (a fill that ran out of time says so in --json: stats.over_budget)")
     fill.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
     fill.add_argument("--language", help="language or file name for the syntax gate (default: from FILE)")
     fill.add_argument("--no-gate", action="store_true", help="show the raw candidates without the syntax gate")
@@ -102,10 +103,12 @@ def parse_target(target: str, hole_marker: str | None) -> Hole:
 
 
 def sampler_from_args(args: argparse.Namespace, base: Any) -> Any:
-    """The family's default sampler with the command line's overrides."""
+    """The family's default sampler with --variant's settings, then the command line's own options over them."""
     from dataclasses import replace
 
-    overrides: dict[str, Any] = {"seed": args.seed}
+    from infill_engine.sampler import sampler_overrides
+
+    overrides: dict[str, Any] = {**(sampler_overrides(args.variant) if args.variant else {}), "seed": args.seed}
     for name, field_name in (("steps", "steps"), ("block_size", "block_size"), ("commit", "commit"),
                              ("order", "order"), ("threshold", "threshold"), ("canvas_refresh", "canvas_refresh")):
         if getattr(args, name) is not None:
@@ -123,6 +126,10 @@ def run(args: argparse.Namespace) -> int:
     from infill_engine.engine import InfillRequest
     from infill_engine.syntax import language_for
 
+    try:
+        check_fill_options(args)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
     hole = parse_target(args.target, args.hole)
     language = args.language or (None if hole.path == "-" else hole.path)
     if args.language and language_for(args.language) is None:
@@ -131,12 +138,15 @@ def run(args: argparse.Namespace) -> int:
     engine.sampler = sampler_from_args(args, engine.sampler)
     request = InfillRequest(
         prefix=hole.prefix, suffix=hole.suffix, language=language, max_tokens=args.max_tokens,
-        candidates=args.candidates, gate=not args.no_gate,
+        candidates=args.candidates, gate=not args.no_gate, budget_ms=args.budget_ms,
     )
     try:
         result = engine.fill(request)
     except ValueError as error:
         raise UsageError(str(error)) from None
+    if result.stats.over_budget and not args.json:
+        print(f"diffill: the {args.budget_ms} ms budget ran out: undecided positions took the model's best guess "
+              "and repairs were skipped", file=sys.stderr)
     if args.json:
         print(json.dumps(result_as_json(result), indent=2, ensure_ascii=False))
     elif args.no_gate:
