@@ -232,6 +232,7 @@ class KeepCommitted:
     revise_below: float  # self-correction: re-noise a committed token whose probability fell below this; 0 = off
     stop_at_line_break: bool  # end the span after the first line break of its committed start
     tail_floor: float | None = None  # settle an end-of-span tail at once (see `settle_tail`); None: off
+    tail_first: bool = False  # settle the tail before the quota, so the quota's positions are the ones before it
 
     @property
     def keeps_committed(self) -> bool:
@@ -240,13 +241,15 @@ class KeepCommitted:
 
     def commit(self, state: CanvasState, prediction: Prediction, active: torch.Tensor, steps_left: int) -> None:
         """Commit the surest free positions, re-noise committed ones the model changed its mind on, settle ends."""
+        if self.tail_floor is not None and self.tail_first:
+            settle_tail(self.denoiser, state, prediction, active, self.tail_floor)
         free = active & ~state.committed & ~state.frozen  # (B, N)
         chosen = self.quota(prediction.scores, free, self.threshold, steps_left)  # (B, N)
         state.tokens = torch.where(chosen, prediction.drawn, state.tokens)
         state.probs = torch.where(chosen, prediction.drawn_probs, state.probs)
         state.committed |= chosen
         self.revise(state, prediction, active & ~chosen)
-        if self.tail_floor is not None:
+        if self.tail_floor is not None and not self.tail_first:
             settle_tail(self.denoiser, state, prediction, active, self.tail_floor)
         if self.stop_at_line_break:
             end_after_line_break(self.denoiser, state)
@@ -327,9 +330,11 @@ def commit_rule(
     revise_below: float,
     stop_at_line_break: bool,
     tail_floor: float | None = None,
+    tail_first: bool = False,
 ) -> CommitRule:
     """The rule named by `SamplerConfig.commit`: "threshold", "schedule" or "entropy_bound"."""
     if commit == "entropy_bound":
         return EntropyBound(denoiser, generator, entropy_bound)
     quota = by_schedule if commit == "schedule" else by_threshold
-    return KeepCommitted(denoiser, generator, quota, threshold, revise_below, stop_at_line_break, tail_floor)
+    return KeepCommitted(denoiser, generator, quota, threshold, revise_below, stop_at_line_break, tail_floor,
+                         tail_first)

@@ -69,6 +69,9 @@ class SamplerConfig:
             position to the end of the canvas, each with probability >= `tail_floor`, that whole tail is
             committed as end-of-span in one step (instead of walking the end in from the right step by step).
         tail_floor: settle_tail: the model probability of end-of-span each position of the tail needs.
+        tail_first: settle_tail: the tail is settled before the commit rule picks its positions, so the one
+            position a step always commits is one before the tail (content, or the end walked in), not one the
+            tail settles anyway.
         canvas_refresh: commit="threshold"/"schedule", denoisers that `reuses_canvas_keys`: 0 runs the layers over
             the whole canvas at every pass. N > 0 does so at a block's first pass and every N-th after it; the
             passes in between run them only over the positions still open or changed since the pass before (and
@@ -107,6 +110,7 @@ class SamplerConfig:
     stop_at_line_break: bool = False
     settle_tail: bool = True
     tail_floor: float = 0.2
+    tail_first: bool = False
     canvas_refresh: int = 0
     end_bias: float = 0.0
     end_bias_until_content: bool = False
@@ -679,7 +683,7 @@ def denoise_span(
     rule = commit_rule(
         config.commit, denoiser, generator, threshold=config.threshold, entropy_bound=config.entropy_bound,
         revise_below=config.revise_below, stop_at_line_break=config.stop_at_line_break,
-        tail_floor=config.tail_floor if config.settle_tail else None,
+        tail_floor=config.tail_floor if config.settle_tail else None, tail_first=config.tail_first,
     )
     run = Denoising(denoiser, config, rule, generator, stats, on_step, deadline)
     state = initial_state(denoiser, batch_size, span_length, generator, initial, frozen)

@@ -435,6 +435,20 @@ def test_an_end_of_span_tail_is_settled_in_one_step(tokenizer, settle_tail, tail
         assert stats.forward_passes == 12
 
 
+def test_tail_first_spends_the_first_steps_commit_on_the_text_not_on_the_tail(tokenizer):
+    """The step that settles the tail also commits a text position: one step fewer, the same answer."""
+    ids, confidence = walking_end(tokenizer, "abc", 12)
+    passes, answers = {}, {}
+    for first in (False, True):
+        denoiser = ScriptedDenoiser(tokenizer, ["abc"], confidence=confidence)
+        stats = FillStats()
+        config = replace(GREEDY, settle_tail=True, tail_floor=0.5, tail_first=first)
+        answers[first] = text_of(tokenizer, denoiser, denoise_span(denoiser, [], [], 12, config, stats=stats).tokens[0])
+        passes[first] = stats.forward_passes
+    assert answers == {False: "abc", True: "abc"}
+    assert passes == {False: 1 + len(ids), True: len(ids)}
+
+
 def test_only_an_end_of_span_run_reaching_the_canvas_end_is_settled(tokenizer):
     end = ScriptedDenoiser(tokenizer, [""]).special.end_of_span_ids[0]
     a, b = (tokenizer(t, add_special_tokens=False)["input_ids"][0] for t in "ab")
