@@ -42,7 +42,8 @@ def diagnose(
         try:
             info = inspect_model(path, family)
             report["model"].update(family=info.family, model_type=info.model_type,
-                                   needs_remote_code=info.needs_remote_code)
+                                   needs_remote_code=info.needs_remote_code,
+                                   **({"loaded_as": "Qwen2, bidirectional"} if info.reads_as_qwen2 else {}))
             denoiser = load_denoiser(path, family=family, device=device, dtype=dtype,
                                      trust_remote_code=trust_remote_code)
             special = denoiser.special

@@ -35,6 +35,13 @@ SHIFTED_FAMILIES = {"dream"}
 DUAL_CACHE_FAMILIES = {"llada", "dream"}  # bidirectional LMs run whole each step, which the dual cache approximates
 PACKAGED_MODEL = Path(__file__).parent / "model"  # the embedded default checkpoint, when one is shipped
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")  # weights formats that unpickle: never loaded
+# Dream, Dream-Coder, DiffuCoder and Open-dCoder are Qwen2.5 weights read bidirectionally: a `dream` checkpoint whose
+# weights are exactly Qwen2's is loaded through transformers' own Qwen2 with `is_causal=False`, so its own modelling
+# code never runs and the dual cache applies. These config values carry over; the rest are Qwen2's defaults.
+QWEN2_CONFIG_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                     "num_key_value_heads", "head_dim", "hidden_act", "max_position_embeddings", "rms_norm_eps",
+                     "rope_theta", "rope_scaling", "rope_parameters", "tie_word_embeddings", "attention_dropout",
+                     "pad_token_id", "bos_token_id", "eos_token_id", "mask_token_id")
 
 
 class ModelLoadError(Exception):
@@ -50,6 +57,7 @@ class ModelInfo:
     model_type: str
     architectures: tuple[str, ...]
     needs_remote_code: bool
+    reads_as_qwen2: bool = False  # a `dream` checkpoint with Qwen2's weights: loaded as bidirectional Qwen2
 
 
 def default_model_path() -> Path | None:
@@ -98,14 +106,54 @@ def inspect_model(path: str | os.PathLike[str], family: str | None = None) -> Mo
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     model_type = str(config.get("model_type", ""))
-    native = model_type in CONFIG_MAPPING or model_type == "diffill"
+    family = family or detect_family(config)
+    as_qwen2 = family == "dream" and has_qwen2_weights(path, config)
+    native = model_type in CONFIG_MAPPING or model_type == "diffill" or as_qwen2
     return ModelInfo(
         path=str(path),
-        family=family or detect_family(config),
+        family=family,
         model_type=model_type,
         architectures=tuple(config.get("architectures") or ()),
         needs_remote_code=bool(config.get("auto_map")) and not native,
+        reads_as_qwen2=as_qwen2,
     )
+
+
+def qwen2_weight_names(config: dict[str, Any]) -> set[str]:
+    """The tensor names of transformers' Qwen2ForCausalLM for a config (the output layer's when it is not tied)."""
+    names = {"model.embed_tokens.weight", "model.norm.weight"}
+    layer = ["input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.o_proj.weight",
+             *(f"self_attn.{p}_proj.{w}" for p in "qkv" for w in ("weight", "bias")),
+             *(f"mlp.{p}_proj.weight" for p in ("gate", "up", "down"))]
+    names |= {f"model.layers.{i}.{name}" for i in range(int(config.get("num_hidden_layers") or 0)) for name in layer}
+    return names if config.get("tie_word_embeddings") else names | {"lm_head.weight"}
+
+
+def safetensors_names(path: str | os.PathLike[str]) -> set[str]:
+    """The tensor names of a checkpoint's safetensors weights, read from the index or the files' headers."""
+    directory = Path(path)
+    index = directory / "model.safetensors.index.json"
+    try:
+        if index.is_file():
+            return set(json.loads(index.read_text(encoding="utf-8")).get("weight_map") or {})
+        names: set[str] = set()
+        for weights in directory.glob("*.safetensors"):
+            with open(weights, "rb") as handle:
+                size = int.from_bytes(handle.read(8), "little")
+                if not 0 < size <= 100 << 20:  # the format caps its header at 100 MB
+                    return set()
+                names |= set(json.loads(handle.read(size))) - {"__metadata__"}
+        return names
+    except (OSError, ValueError, AttributeError):  # unreadable or not safetensors: the load says so later
+        return set()
+
+
+def has_qwen2_weights(path: str | os.PathLike[str], config: dict[str, Any]) -> bool:
+    """Whether a checkpoint's weights are exactly Qwen2's for its config (a tied output layer may be stored too)."""
+    if not config.get("num_hidden_layers"):
+        return False
+    names, expected = safetensors_names(path), qwen2_weight_names(config)
+    return names == expected or (bool(config.get("tie_word_embeddings")) and names == expected | {"lm_head.weight"})
 
 
 def resolve_checkpoint(path: str) -> str:
@@ -184,6 +232,10 @@ def _load_weights(info: ModelInfo, dtype: Any, trust_remote_code: bool) -> tuple
         model = transformers.AutoModelForMaskedLM.from_pretrained(
             info.path, trust_remote_code=trust_remote_code, **options
         )
+    elif info.reads_as_qwen2:
+        model = transformers.Qwen2ForCausalLM.from_pretrained(info.path, config=bidirectional_qwen2_config(info),
+                                                              **options)
+        return model, _tokenizer_without_remote_code(info.path, trust_remote_code)
     else:
         auto_map = read_config(info.path).get("auto_map") or {}
         auto_class = transformers.AutoModel
@@ -192,6 +244,26 @@ def _load_weights(info: ModelInfo, dtype: Any, trust_remote_code: bool) -> tuple
         model = auto_class.from_pretrained(info.path, trust_remote_code=trust_remote_code, **options)
     tokenizer = transformers.AutoTokenizer.from_pretrained(info.path, trust_remote_code=trust_remote_code)
     return model, tokenizer
+
+
+def bidirectional_qwen2_config(info: ModelInfo) -> Any:
+    """transformers' Qwen2Config of a Dream-family checkpoint, reading the sequence bidirectionally."""
+    from transformers import Qwen2Config
+
+    config = read_config(info.path)
+    qwen2 = Qwen2Config(**{key: config[key] for key in QWEN2_CONFIG_KEYS if config.get(key) is not None})
+    qwen2.is_causal = False  # Dream reads the whole sequence both ways
+    return qwen2
+
+
+def _tokenizer_without_remote_code(path: str, trust_remote_code: bool) -> Any:
+    """The tokenizer of a checkpoint loaded as Qwen2: its own class where its code may run, else the fast tokenizer
+    of its tokenizer.json (what Dream's `DreamTokenizer` wraps), so that no code of the checkpoint's runs."""
+    import transformers
+
+    if not trust_remote_code and (Path(path) / "tokenizer.json").is_file():
+        return transformers.PreTrainedTokenizerFast.from_pretrained(path)
+    return transformers.AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
 
 
 def _own_memory(model: Any) -> None:

@@ -178,6 +178,41 @@ def build_remote_code(directory: Path, family: str, seed: int = 0, extra_tokens:
     return directory
 
 
+NEVER_RUN = "raise RuntimeError('a checkpoint loaded as Qwen2 must never run its own modelling code')\n"
+
+
+def build_dream_qwen2(directory: Path, seed: int = 0, tie: bool = False) -> Path:
+    """A checkpoint laid out as Dream's, DiffuCoder's and Open-dCoder's are: Qwen2's weights, `model_type` "Dream",
+    its own modelling and tokenizer classes named in `auto_map` (here code that raises when run), and the rotary
+    base as a top-level `rope_theta`, as those config files have it."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    tokenizer = build_tokenizer({"eos": "<|endoftext|>", "pad": "<|endoftext|>", "mask": "<|mask|>"})
+    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         tie_word_embeddings=tie, rope_theta=50_000.0)
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config)
+    with torch.no_grad():  # peaked rather than flat predictions, as in test_dual_cache's tiny models
+        for parameter in model.parameters():
+            if parameter.dim() == 2:
+                parameter.normal_(0.0, 0.3)
+    _save(model, tokenizer, directory)
+    saved = json.loads((directory / "config.json").read_text())
+    saved = {key: value for key, value in saved.items() if key not in ("rope_parameters", "model_type")}
+    saved.update(model_type="Dream", architectures=["DreamModel"], rope_theta=50_000.0,
+                 mask_token_id=tokenizer.mask_token_id,
+                 auto_map={"AutoConfig": "configuration_dream.DreamConfig", "AutoModel": "modeling_dream.DreamModel"})
+    (directory / "config.json").write_text(json.dumps(saved, indent=2))
+    tokenizer_config = json.loads((directory / "tokenizer_config.json").read_text())
+    tokenizer_config.update(tokenizer_class="DreamTokenizer",
+                            auto_map={"AutoTokenizer": ["tokenization_dream.DreamTokenizer", None]})
+    (directory / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
+    for name in ("configuration_dream.py", "modeling_dream.py", "tokenization_dream.py"):
+        (directory / name).write_text(NEVER_RUN)
+    return directory
+
+
 def copy_stdlib_sources(directory: Path, modules: tuple[str, ...]) -> Path:
     """`directory` holding the source files of these standard-library modules (real Python to train on)."""
     import importlib
