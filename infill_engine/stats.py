@@ -30,8 +30,8 @@ class FillStats:
 
     @property
     def canvas_positions_per_forward(self) -> float:
-        """Canvas positions of one row (end-of-span ones too) per denoiser forward pass: LLaDA's and Fast-dLLM's
-        accounting, where generating `gen_length` positions one per step is 1."""
+        """Canvas positions of one row (end-of-span ones too) per denoiser forward pass: LLaDA's accounting
+        (`gen_length / steps`), where generating `gen_length` positions one per step is 1."""
         return self.canvas_positions / self.forward_passes if self.forward_passes else 0.0
 
     @contextmanager
