@@ -7,7 +7,6 @@ cache, or plain token ids that are run again) is the adapter's business.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -103,23 +102,10 @@ class Denoiser(ABC):
     def sampler_settings(self) -> dict[str, Any]:
         """The sampler settings the checkpoint recommends for itself: its config.json's `diffill_sampler` object
         (`SamplerConfig` fields, e.g. the embedded model's `end_bias`), empty when it has none."""
-        settings = getattr(self.model.config, "diffill_sampler", None) or {}
-        if not isinstance(settings, dict):
-            raise ValueError(f"{self.path}: config.json's diffill_sampler must be an object of sampler settings "
-                             f"(got {settings!r})")
-        from infill_engine.sampler import SamplerConfig
+        from infill_engine.sampler_config import checked_sampler_settings
 
-        unknown = sorted(set(settings) - {f.name for f in dataclasses.fields(SamplerConfig)})
-        if unknown:
-            raise ValueError(f"{self.path}: config.json's diffill_sampler has unknown sampler settings "
-                             f"{', '.join(unknown)}; allowed: the fields of SamplerConfig")
-        defaults = SamplerConfig()
-        for key, value in settings.items():
-            expected = type(getattr(defaults, key))
-            if not _of_setting_type(value, expected):
-                wanted = {bool: "true or false", int: "an integer", float: "a number"}.get(expected, "text")
-                raise ValueError(f"{self.path}: config.json's diffill_sampler {key} must be {wanted} (got {value!r})")
-        return dict(settings)
+        settings = getattr(self.model.config, "diffill_sampler", None) or {}
+        return checked_sampler_settings(settings, f"{self.path}: config.json's diffill_sampler")
 
     @property
     def vocab_size(self) -> int:
@@ -163,13 +149,3 @@ class Denoiser(ABC):
     ) -> EncodedContext:
         """Append-mode models: the context is the prefix plus each row's finished blocks `continuation` (B, k)."""
         raise NotImplementedError(f"{self.family} denoises the whole span on one canvas")
-
-
-def _of_setting_type(value: Any, expected: type) -> bool:
-    """Whether a JSON value fits a SamplerConfig field of type `expected` (an integer is a fine float; a bool is
-    neither a number nor text)."""
-    if expected is bool or isinstance(value, bool):
-        return expected is bool and isinstance(value, bool)
-    if expected is float:
-        return isinstance(value, (int, float))
-    return isinstance(value, expected)
