@@ -18,7 +18,14 @@ from infill_engine import syntax
 from infill_engine.adapters.base import Denoiser, EncodedContext
 from infill_engine.canvas import ContextConfig, trim_context
 from infill_engine.growing_span import denoise_growing_span
-from infill_engine.interface import DEFAULT_GROW, DEFAULT_KEEP_ABOVE, EngineOptions, ModelInfo, ModelSpec
+from infill_engine.interface import (
+    DEFAULT_GROW,
+    DEFAULT_KEEP_ABOVE,
+    OWN_SAMPLER_OPTIONS,
+    EngineOptions,
+    ModelInfo,
+    ModelSpec,
+)
 from infill_engine.request import (  # noqa: F401 - the request types are part of this module's interface
     MAX_CANDIDATES,
     MAX_SPAN_TOKENS,
@@ -98,7 +105,8 @@ class InfillEngine:
         """The sampler and context of the defaults (or the current ones) with `options` set."""
         sampler, context = (self.sampler, self.context) if current else self._defaults
         values = options.as_dict()
-        sampler = replace(sampler, **{k: values[k] for k in ("steps", "seed", "canvas_refresh") if k in values})
+        sampler = replace(sampler, **values.get("sampler", {}))
+        sampler = replace(sampler, **{k: values[k] for k in OWN_SAMPLER_OPTIONS if k in values})
         context = replace(context, **{k: values[k] for k in ("prefix_tokens", "suffix_tokens") if k in values})
         return sampler, context
 

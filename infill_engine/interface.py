@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from infill_engine.request import InfillRequest, InfillResult
+from infill_engine.sampler_config import checked_sampler_settings
 
 if TYPE_CHECKING:
     import argparse
@@ -97,6 +98,10 @@ class ModelSpec:
         return model_key(self.identity())
 
 
+# Sampler fields a client sets with their own options (EngineOptions.steps, .canvas_refresh, .seed), not in `sampler`
+OWN_SAMPLER_OPTIONS = ("steps", "canvas_refresh", "seed")
+
+
 @dataclass(frozen=True)
 class EngineOptions:
     """A client's sampling and context settings; None keeps the engine's own."""
@@ -106,17 +111,26 @@ class EngineOptions:
     seed: int | None = None  # the same seed and context give the same fill
     prefix_tokens: int | None = None  # context budget before the hole
     suffix_tokens: int | None = None  # context budget after the hole
+    sampler: tuple[tuple[str, Any], ...] = ()  # (SamplerConfig field, value) pairs over the checkpoint's own
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+            if name != "sampler" and value is not None and (
+                    not isinstance(value, int) or isinstance(value, bool) or value < 0):
                 raise ValueError(f"{name} must be an integer >= 0 or unset (got {value!r})")
         if self.steps == 0:
             raise ValueError("steps must be at least 1")
+        if not isinstance(self.sampler, tuple) or not all(isinstance(p, tuple) and len(p) == 2 for p in self.sampler):
+            raise ValueError(f"sampler must be (setting, value) pairs (got {self.sampler!r})")
+        checked_sampler_settings(dict(self.sampler), "the sampler settings", exclude=OWN_SAMPLER_OPTIONS)
 
-    def as_dict(self) -> dict[str, int]:
-        """The options that are set."""
-        return {name: value for name, value in asdict(self).items() if value is not None}
+    def as_dict(self) -> dict[str, Any]:
+        """The options that are set (`sampler` as an object)."""
+        values: dict[str, Any] = {name: value for name, value in asdict(self).items()
+                                  if value is not None and name != "sampler"}
+        if self.sampler:
+            values["sampler"] = dict(self.sampler)
+        return values
 
     @classmethod
     def from_dict(cls, values: Any) -> EngineOptions:
@@ -126,7 +140,10 @@ class EngineOptions:
         allowed = set(cls.__dataclass_fields__)
         if not isinstance(values, dict) or set(values) - allowed:
             raise ValueError(f"engine options may only set {', '.join(sorted(allowed))}")
-        return cls(**values)
+        sampler = values.get("sampler") or {}
+        if not isinstance(sampler, dict):
+            raise ValueError(f"engine option sampler must be an object of sampler settings (got {sampler!r})")
+        return cls(**{**values, "sampler": tuple(sorted(sampler.items()))})
 
 
 @dataclass(frozen=True)

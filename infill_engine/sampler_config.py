@@ -7,7 +7,7 @@ sampler settings before any model (or torch) loads.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -161,25 +161,33 @@ def sampler_overrides(text: str) -> dict[str, Any]:
     return overrides
 
 
-def checked_sampler_settings(settings: Any, where: str, exclude: tuple[str, ...] = ()) -> dict[str, Any]:
+def checked_sampler_settings(
+    settings: Any, where: str = "", exclude: tuple[str, ...] = (), spell: Callable[[str], str] = str
+) -> dict[str, Any]:
     """SamplerConfig fields from a JSON object, each of its field's type and passing the sampler's own checks;
-    ValueError, prefixed with `where`, names an unknown or `exclude`d key or a wrong value and says what is allowed."""
+    ValueError, after `where`, names an unknown or `exclude`d key or a wrong value and says what is allowed (field
+    names as `spell` writes them)."""
+    lead = f"{where} " if where else ""
     if not isinstance(settings, Mapping):
-        raise ValueError(f"{where} must be an object of sampler settings (got {settings!r})")
+        raise ValueError(f"{lead}must be an object of sampler settings (got {settings!r})")
+    own = sorted(set(settings) & set(exclude))
+    if own:
+        raise ValueError(f"{lead}cannot set {', '.join(map(spell, own))}: each has a setting of its own")
     defaults = SamplerConfig()
     allowed = [f.name for f in fields(SamplerConfig) if f.name not in exclude]
     unknown = sorted(set(settings) - set(allowed))
     if unknown:
-        raise ValueError(f"{where} has unknown sampler settings {', '.join(unknown)}; allowed: {', '.join(allowed)}")
+        raise ValueError(f"{lead}has unknown sampler settings {', '.join(map(spell, unknown))}; allowed: "
+                         f"{', '.join(map(spell, allowed))}")
     for key, value in settings.items():
         expected = type(getattr(defaults, key))
         if not _of_setting_type(value, expected):
             wanted = {bool: "true or false", int: "an integer", float: "a number"}.get(expected, "text")
-            raise ValueError(f"{where} {key} must be {wanted} (got {value!r})")
+            raise ValueError(f"{lead}{spell(key)} must be {wanted} (got {value!r})")
     try:
         replace(defaults, **settings)
     except ValueError as error:
-        raise ValueError(f"{where}: {error}") from None
+        raise ValueError(f"{lead}{error}") from None
     return dict(settings)
 
 

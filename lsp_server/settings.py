@@ -20,10 +20,12 @@ from infill_engine.interface import (
     DTYPES,
     ENGINE_MODES,
     FAMILIES,
+    OWN_SAMPLER_OPTIONS,
     EngineOptions,
     ModelSpec,
 )
 from infill_engine.request import MAX_CANDIDATES, MAX_SPAN_TOKENS
+from infill_engine.sampler_config import checked_sampler_settings
 
 DEVICES = ("auto", "cpu", "cuda", "mps")  # or "cuda:N"
 
@@ -95,6 +97,29 @@ def _names(value: Any) -> tuple[str, ...]:
     return tuple(v.strip().lower() for v in value)
 
 
+class SamplerOverrides(dict):  # type: ignore[type-arg]
+    """A read-only, hashable object of sampler settings (field -> value), so that the settings stay immutable and
+    print as JSON objects."""
+
+    def _read_only(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("sampler overrides are read-only; parse new settings instead")
+
+    __setitem__ = __delitem__ = __ior__ = _read_only  # type: ignore[assignment]
+    clear = pop = popitem = setdefault = update = _read_only  # type: ignore[assignment]
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(tuple(sorted(self.items())))
+
+
+def _sampler_overrides(value: Any) -> SamplerOverrides:
+    """Any other SamplerConfig fields, keys in either spelling."""
+    if not isinstance(value, Mapping):
+        raise ValueError('must be an object of sampler settings, e.g. {"threshold": 0.8, "endBias": -1}')
+    checked = checked_sampler_settings({_snake(str(key)): item for key, item in value.items()},
+                                       exclude=OWN_SAMPLER_OPTIONS, spell=_camel)
+    return SamplerOverrides(sorted(checked.items()))
+
+
 def _setting(default: Any, check: Check) -> Any:
     """A field with its default and the check its values must pass."""
     return field(default=default, metadata={"check": check})
@@ -129,6 +154,8 @@ class SamplingSettings:
     canvas_refresh: int | None = _setting(None, _optional(_integer(0, 512)))  # embedded model: the whole canvas
     # every N passes, in between only its open and just-changed positions; 0: every pass; None: the engine's
     seed: int = _setting(0, _integer(0, 2**31 - 1))  # the same seed and context give the same suggestion
+    overrides: SamplerOverrides = _setting(SamplerOverrides(), _sampler_overrides)  # any other SamplerConfig
+    # field (threshold, endBias, tailFloor, temperatureStart, ...) over the checkpoint's own settings
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -219,6 +246,7 @@ class Settings:
         """The sampling and context settings the engine is configured with."""
         return EngineOptions(steps=self.sampling.steps, seed=self.sampling.seed,
                              canvas_refresh=self.sampling.canvas_refresh,
+                             sampler=tuple(self.sampling.overrides.items()),
                              prefix_tokens=self.context.prefix_tokens, suffix_tokens=self.context.suffix_tokens)
 
 

@@ -1,8 +1,8 @@
 """Every server setting (lsp_server/settings.py) is mirrored by both clients, with the server's default.
 
 VS Code contributes each one as `diffill.<dotted key>` in editors/vscode/package.json; the Neovim plugin lists each
-one in `require('diffill.config').defaults.settings` (those whose default is null are left out there, as Lua tables
-cannot hold nil).
+one in `require('diffill.config').defaults.settings` (those whose default is null or an empty object are left out
+there, as Lua tables cannot hold nil and an empty table is no object).
 """
 
 from __future__ import annotations
@@ -55,4 +55,5 @@ def test_neovim_defaults_mirror_every_server_setting(tmp_path: Path) -> None:
                    env=env, check=True, capture_output=True, stdin=subprocess.DEVNULL)
     neovim = _flatten(json.loads(out.read_text()))
     server = _server()
-    assert neovim == {key: value for key, value in server.items() if value is not None}
+    # Lua cannot hold nil, and an empty table is no object (vim.json writes it as []): such defaults are left out
+    assert neovim == {key: value for key, value in server.items() if value is not None and value != {}}

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from lsp_server.settings import Settings, concerns_us, documented_settings, parse_settings
 from tests.lsp.conftest import ROOT
 
@@ -104,3 +106,34 @@ def test_the_canvas_refresh_setting_reaches_the_engine_sampler_and_unset_keeps_t
     engine.configure(parse_settings({})[0].engine_options())
     assert engine.sampler.canvas_refresh == 8
 
+
+
+def test_sampler_overrides_reach_the_engine_over_the_checkpoints_own_and_unset_restores_them(tokenizer):
+    """`sampling.overrides` sets any other sampler field (camelCase or snake_case) over the engine's defaults,
+    which hold the checkpoint's own settings; sending none brings those back."""
+    from infill_engine.engine import InfillEngine
+    from infill_engine.sampler import SamplerConfig
+    from tests.scripted import ScriptedDenoiser
+
+    settings, problems = parse_settings({"sampling": {"overrides": {"threshold": 0.6, "tail_floor": 0.3}}})
+    assert problems == [] and dict(settings.sampling.overrides) == {"tail_floor": 0.3, "threshold": 0.6}
+    engine = InfillEngine(ScriptedDenoiser(tokenizer, ["x"]), sampler=SamplerConfig(end_bias=-0.5))
+    engine.configure(settings.engine_options())
+    assert (engine.sampler.threshold, engine.sampler.tail_floor, engine.sampler.end_bias) == (0.6, 0.3, -0.5)
+    engine.configure(parse_settings({"sampling": {"overrides": {"endBias": 0}}})[0].engine_options())
+    assert (engine.sampler.threshold, engine.sampler.end_bias) == (SamplerConfig().threshold, 0)
+    engine.configure(parse_settings({})[0].engine_options())
+    assert engine.sampler == SamplerConfig(end_bias=-0.5)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"thresh": 0.8}, "unknown sampler settings thresh; allowed: blockSize"),
+    ({"threshold": "high"}, "threshold must be a number"),
+    ({"threshold": 2}, "threshold must be within 0..1"),
+    ({"seed": 3}, "cannot set seed: each has a setting of its own"),
+    ([0.8], "must be an object of sampler settings"),
+])
+def test_a_bad_sampler_override_is_reported_and_none_applies(overrides, message):
+    settings, problems = parse_settings({"sampling": {"overrides": overrides, "seed": 7}})
+    assert len(problems) == 1 and "'sampling.overrides'" in problems[0] and message in problems[0]
+    assert settings.sampling.overrides == {} and settings.sampling.seed == 7  # the other keys still apply

@@ -234,3 +234,21 @@ def test_a_request_whose_write_fails_after_the_connection_closed_fails_once_with
     call = session.request("fill", {})
     with pytest.raises(ConnectionLost, match="the peer closed the connection"):
         call.future.result(timeout=WAIT)
+
+
+def test_sampler_overrides_travel_with_the_request(engine):
+    """A client's sampler settings (the editor's `sampling.overrides`) reach the shared engine: the remote fill is
+    the in-process fill with the same settings, and differs from the one without them."""
+    from infill_engine.interface import EngineOptions
+    from tests.lsp.fake_engine import build_engine
+
+    _, path = engine
+    options = EngineOptions(sampler=(("allow_end_of_span", False),))  # every canvas position written
+    client = EngineClient.connect(str(path))
+    client.configure(options)
+    remote, local = client.fill(ADD), build_engine(None).with_options(options).fill(ADD)
+    written = [[c.text for c in result.candidates + result.rejected] for result in (remote, local)]
+    assert written[0] == written[1] and all(len(text) > len("a + b") for text in written[0])
+    client.configure(EngineOptions())
+    assert [c.text for c in client.fill(ADD).candidates] == ["a + b", "b + a"]
+    client.close()

@@ -3,7 +3,7 @@
 --- `settings` mirrors the server's settings (lsp_server/settings.py), camelCase and nested as the server reads
 --- them; they are sent as `initializationOptions` and as the `diffill` section of `workspace/configuration` and
 --- `workspace/didChangeConfiguration`. Settings whose default is `null` on the server (`model.path`,
---- `model.family`, `sampling.steps`) are absent here: set them to use them.
+--- `model.family`, `sampling.steps`) or an empty object (`sampling.overrides`) are absent here: set them to use them.
 
 ---@class diffill.GhostTextOpts
 ---@field enabled boolean show ghost text while typing in insert mode
@@ -48,6 +48,7 @@ M.defaults = {
     sampling = {
       -- steps = nil: the family's default number of forward passes per block
       seed = 0,
+      -- overrides = { threshold = 0.8, endBias = -1 }: any other sampler setting (README, "Settings"); none by default
     },
     completion = {
       enabled = true,
