@@ -236,6 +236,32 @@ async def test_malformed_settings_are_reported_and_defaults_used(client: Languag
     assert field_of(info, "state") == "ready"  # the model did not change, so it was not reloaded
 
 
+async def test_sampler_overrides_are_applied_and_a_bad_one_is_reported(client: LanguageClient):
+    model = field_of((await debug_info(client)), "settings")["model"]
+    base = {"completion": {"debounceMs": 0, "maxTokens": 12, "lineTokens": 8, "budgetMs": None},
+            "model": {"path": model["path"], "threads": 1}}
+    client.workspace_did_change_configuration(types.DidChangeConfigurationParams(settings={"diffill": {
+        **base, "sampling": {"overrides": {"threshold": 0.5, "endBias": -1}}}}))
+    for _ in range(WAIT * 20):
+        if field_of(await debug_info(client), "settings")["sampling"]["overrides"]:
+            break
+        await asyncio.sleep(0.05)
+    info = await debug_info(client)
+    assert field_of(info, "settings")["sampling"]["overrides"] == {"end_bias": -1, "threshold": 0.5}
+    assert field_of(info, "state") == "ready"  # the model did not change, so it was not reloaded
+    shown = len(client.messages)
+    client.workspace_did_change_configuration(types.DidChangeConfigurationParams(settings={"diffill": {
+        **base, "sampling": {"overrides": {"treshold": 0.5}}}}))
+    for _ in range(WAIT * 20):
+        if len(client.messages) > shown:
+            break
+        await asyncio.sleep(0.05)
+    text = " ".join(m.message for m in client.messages[shown:])
+    assert "'sampling.overrides'" in text and "treshold" in text
+    assert field_of(await debug_info(client), "settings")["sampling"]["overrides"] == {}
+    client.workspace_did_change_configuration(types.DidChangeConfigurationParams(settings={"diffill": base}))
+
+
 async def test_malformed_requests_get_a_json_rpc_error_and_the_server_goes_on(client: LanguageClient):
     with pytest.raises(JsonRpcException):  # the server's JSON-RPC error
         await asyncio.wait_for(client.workspace_execute_command_async(types.ExecuteCommandParams(
