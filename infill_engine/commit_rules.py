@@ -206,19 +206,24 @@ def take_best(scores: torch.Tensor, free: torch.Tensor, want: torch.Tensor) -> t
     return free & (ranks < want[:, None])
 
 
-def by_threshold(scores: torch.Tensor, free: torch.Tensor, threshold: float, steps_left: int) -> torch.Tensor:
-    """Fast-dLLM: every free position (B, N) whose score reaches `threshold`, and always the best one."""
-    want = torch.clamp(free.sum(dim=-1), max=1)  # (B,)
+def by_threshold(
+    scores: torch.Tensor, free: torch.Tensor, threshold: float, steps_left: int, least: int = 1
+) -> torch.Tensor:
+    """Fast-dLLM: every free position (B, N) whose score reaches `threshold`, and always the best `least`."""
+    want = torch.clamp(free.sum(dim=-1), max=least)  # (B,)
     return (free & (scores >= threshold)) | take_best(scores, free, want)
 
 
-def by_schedule(scores: torch.Tensor, free: torch.Tensor, threshold: float, steps_left: int) -> torch.Tensor:
-    """LLaDA: the free positions (B, N) spread evenly over the steps left, the best first."""
-    want = torch.ceil(free.sum(dim=-1).float() / max(steps_left, 1)).long()  # (B,)
-    return take_best(scores, free, want)
+def by_schedule(
+    scores: torch.Tensor, free: torch.Tensor, threshold: float, steps_left: int, least: int = 1
+) -> torch.Tensor:
+    """LLaDA: the free positions (B, N) spread evenly over the steps left (at least `least`), the best first."""
+    count = free.sum(dim=-1)  # (B,)
+    want = torch.ceil(count.float() / max(steps_left, 1)).long()  # (B,)
+    return take_best(scores, free, torch.minimum(torch.clamp(want, min=least), count))
 
 
-Quota = Callable[[torch.Tensor, torch.Tensor, float, int], torch.Tensor]
+Quota = Callable[[torch.Tensor, torch.Tensor, float, int, int], torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -233,6 +238,7 @@ class KeepCommitted:
     stop_at_line_break: bool  # end the span after the first line break of its committed start
     tail_floor: float | None = None  # settle an end-of-span tail at once (see `settle_tail`); None: off
     tail_first: bool = False  # settle the tail before the quota, so the quota's positions are the ones before it
+    min_commits: int = 1  # the surest positions a step commits at the least (threshold and schedule alike)
 
     @property
     def keeps_committed(self) -> bool:
@@ -244,7 +250,7 @@ class KeepCommitted:
         if self.tail_floor is not None and self.tail_first:
             settle_tail(self.denoiser, state, prediction, active, self.tail_floor)
         free = active & ~state.committed & ~state.frozen  # (B, N)
-        chosen = self.quota(prediction.scores, free, self.threshold, steps_left)  # (B, N)
+        chosen = self.quota(prediction.scores, free, self.threshold, steps_left, self.min_commits)  # (B, N)
         state.tokens = torch.where(chosen, prediction.drawn, state.tokens)
         state.probs = torch.where(chosen, prediction.drawn_probs, state.probs)
         state.committed |= chosen
@@ -331,10 +337,11 @@ def commit_rule(
     stop_at_line_break: bool,
     tail_floor: float | None = None,
     tail_first: bool = False,
+    min_commits: int = 1,
 ) -> CommitRule:
     """The rule named by `SamplerConfig.commit`: "threshold", "schedule" or "entropy_bound"."""
     if commit == "entropy_bound":
         return EntropyBound(denoiser, generator, entropy_bound)
     quota = by_schedule if commit == "schedule" else by_threshold
     return KeepCommitted(denoiser, generator, quota, threshold, revise_below, stop_at_line_break, tail_floor,
-                         tail_first)
+                         tail_first, min_commits)

@@ -30,6 +30,9 @@ class SamplerConfig:
         order: which free positions go first. "confidence": probability of the drawn token; "margin": top-1 minus
             top-2 probability; "entropy": exp(-entropy); "random": a uniform draw.
         threshold: commit="threshold": the score a position needs to be committed in parallel.
+        min_commits: commit="threshold"/"schedule": a step commits at least this many positions (its surest), 1 as
+            in Fast-dLLM. Fills that must write something (`end_after_content`) and refines always use 1: there the
+            forced positions would be content the model is not sure of (the loop sees to it).
         entropy_bound: commit="entropy_bound": the bound on the summed entropy of accepted positions (nats).
         revise_below: self-correction: a committed token whose probability falls below this, while the model now
             prefers another token, is re-noised and decided again. 0 turns it off.
@@ -83,6 +86,7 @@ class SamplerConfig:
     commit: str = "threshold"
     order: str = "confidence"
     threshold: float = 0.9
+    min_commits: int = 1
     entropy_bound: float = 0.1
     revise_below: float = 0.0
     stability_steps: int = 1
@@ -126,6 +130,8 @@ class SamplerConfig:
             problems.append(f"end_bias must be a finite number of nats (got {self.end_bias!r})")
         if not 0.0 <= self.revise_below < 1.0:
             problems.append(f"revise_below must be within 0..1 (got {self.revise_below!r})")
+        if not isinstance(self.min_commits, int) or isinstance(self.min_commits, bool) or self.min_commits < 1:
+            problems.append(f"min_commits must be an integer >= 1 (got {self.min_commits!r})")
         if not isinstance(self.min_tokens, int) or self.min_tokens < 0:
             problems.append(f"min_tokens must be an integer >= 0 (got {self.min_tokens!r})")
         if not isinstance(self.canvas_refresh, int) or self.canvas_refresh < 0:

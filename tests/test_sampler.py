@@ -52,6 +52,22 @@ def test_threshold_commits_at_least_one_position_per_step_when_unsure(tokenizer)
     assert counts[-1][0] == 8
 
 
+@pytest.mark.parametrize("commit", ["threshold", "schedule"])
+def test_min_commits_commits_that_many_of_the_surest_a_step_but_never_where_content_is_required(tokenizer, commit):
+    """settle_tail off, so that only the rule commits: 3 a step with min_commits=3, one a step when unsure (threshold)
+    or as the schedule spreads them; a fill that must write something keeps the rule's own count."""
+    denoiser = ScriptedDenoiser(tokenizer, ["x" * 20], margin=2.0)  # unsure everywhere: under the threshold
+    base = replace(GREEDY, commit=commit, steps=8, settle_tail=False)
+    counts, _ = committed_counts(denoiser, replace(base, min_commits=3), 9)
+    assert [c[0] for c in counts] == [3, 6, 9]
+    plain, _ = committed_counts(ScriptedDenoiser(tokenizer, ["x" * 20], margin=2.0), base, 9)
+    asked, _ = committed_counts(ScriptedDenoiser(tokenizer, ["x" * 20], margin=2.0),
+                                replace(base, min_commits=3, end_after_content=True), 9)
+    assert [c[0] for c in asked] == [c[0] for c in plain] and len(plain) > 3
+    with pytest.raises(ValueError, match="min_commits must be an integer >= 1"):
+        SamplerConfig(min_commits=0)
+
+
 def test_schedule_spreads_commits_evenly_over_the_steps(tokenizer):
     denoiser = ScriptedDenoiser(tokenizer, ["x" * 20], margin=2.0)
     config = replace(GREEDY, commit="schedule", steps=4)
