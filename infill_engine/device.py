@@ -4,8 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import torch
+
+from infill_engine.catalogue import GIB
+from infill_engine.fit import HEADROOM, ram_gib
+from infill_engine.loading import StoredWeights
 
 # Canvas positions (all rows of a pass together) up to which one CPU thread runs a denoising step faster than two:
 # the step's matrices are then a few rows high and splitting them costs more than it saves (docs/BENCHMARKS.md,
@@ -15,6 +20,22 @@ SMALL_PASS_POSITIONS = 32
 
 DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+# From this many parameters up a checkpoint is large: on the CPU, `auto` then picks its dtype by the CPU and the RAM.
+# Below it, float32: a small model is fast in float32 and its memory does not matter, and the embedded model lost
+# 0.48 points of pass@1 in bfloat16 (docs/BENCHMARKS.md, "Against one token per step").
+LARGE_MODEL_PARAMETERS = 100_000_000
+BFLOAT16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")  # /proc/cpuinfo flags of bfloat16 arithmetic in hardware
+
+
+def cpu_has_bfloat16(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether this CPU does bfloat16 arithmetic in hardware (AMX or AVX-512 BF16); False where it cannot tell."""
+    try:
+        text = Path(cpuinfo).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
+    return any(flag in flags for flag in BFLOAT16_CPU_FLAGS)
 
 
 def choose_device(requested: str = "auto") -> torch.device:
@@ -33,15 +54,47 @@ def choose_device(requested: str = "auto") -> torch.device:
         raise ValueError(f"unknown device {requested!r}; allowed: {', '.join(DEVICES)} or e.g. 'cuda:1'") from error
 
 
-def choose_dtype(device: torch.device, requested: str = "auto") -> torch.dtype:
-    """bfloat16 on a GPU that supports it, float32 on CPU (faster there for small models), or what was asked."""
+def choose_dtype(device: torch.device, requested: str = "auto", weights: StoredWeights | None = None) -> torch.dtype:
+    """What was asked, or for `auto`: bfloat16 on a GPU that supports it, and on the CPU as `cpu_dtype` says."""
+    return dtype_choice(device, requested, weights)[0]
+
+
+def dtype_choice(
+    device: torch.device, requested: str = "auto", weights: StoredWeights | None = None
+) -> tuple[torch.dtype, str]:
+    """The dtype `choose_dtype` picks, and why (a phrase for `diffill doctor`)."""
     if requested not in DTYPES:
         raise ValueError(f"unknown dtype {requested!r}; allowed: {', '.join(DTYPES)}")
     if requested != "auto":
-        return getattr(torch, requested)
+        return getattr(torch, requested), "asked for"
     if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return torch.float32
+        if torch.cuda.is_bf16_supported():
+            return torch.bfloat16, "auto: a GPU with bfloat16"
+        return torch.float16, "auto: a GPU without bfloat16"
+    if device.type != "cpu":
+        return torch.float32, f"auto: float32 on {device.type}"
+    name, why = cpu_dtype(weights, cpu_has_bfloat16(), ram_gib())
+    return getattr(torch, name), f"auto: {why}"
+
+
+def cpu_dtype(weights: StoredWeights | None, bfloat16_hardware: bool, ram: float) -> tuple[str, str]:
+    """The dtype `auto` picks on the CPU for these weights (None: unknown, taken as small) and `ram` GiB, and why.
+
+    A small model runs in float32. A large one runs in bfloat16 when it is stored so and the CPU has bfloat16
+    arithmetic (half the memory and faster, in the precision it was trained in); otherwise in float32 when that copy
+    fits the RAM (a CPU without bfloat16 arithmetic runs float32 faster), and in bfloat16 when only that fits."""
+    if weights is None:
+        return "float32", "weights not read: float32 on the CPU"
+    if weights.parameters < LARGE_MODEL_PARAMETERS:
+        return "float32", f"a small model ({weights.parameters / 1e6:.1f}M parameters): float32 on the CPU"
+    size = f"{weights.parameters / 1e9:.2f}B parameters stored in {weights.dtype}"
+    if weights.dtype == "BF16" and bfloat16_hardware:
+        return "bfloat16", f"{size}, and this CPU has bfloat16 arithmetic"
+    float32_gib = 4 * weights.parameters / GIB
+    if float32_gib <= HEADROOM * ram:
+        hardware = "" if bfloat16_hardware else ", on a CPU without bfloat16 arithmetic"
+        return "float32", f"{size}{hardware}: float32 ({float32_gib:.1f} GiB) fits the RAM ({ram:.1f} GiB)"
+    return "bfloat16", f"{size}: float32 ({float32_gib:.1f} GiB) does not fit the RAM ({ram:.1f} GiB)"
 
 
 @contextmanager

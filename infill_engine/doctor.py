@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import platform
+from pathlib import Path
 from typing import Any
 
 
@@ -14,8 +15,8 @@ def diagnose(
     import transformers
 
     from infill_engine import syntax
-    from infill_engine.device import choose_device, choose_dtype
-    from infill_engine.loading import ModelLoadError, default_model_path, inspect_model, load_denoiser
+    from infill_engine.device import choose_device, dtype_choice
+    from infill_engine.loading import ModelLoadError, default_model_path, inspect_model, load_denoiser, stored_weights
 
     report: dict[str, dict[str, Any]] = {
         "runtime": {
@@ -27,14 +28,17 @@ def diagnose(
             "threads": torch.get_num_threads(),
         }
     }
+    path = model or default_model_path()
     try:
         torch_device = choose_device(device)
-        report["device"] = {"ok": True, "device": str(torch_device), "dtype": str(choose_dtype(torch_device, dtype))}
+        local = _local_directory(str(path)) if path is not None else None
+        weights = stored_weights(local) if local is not None else None
+        torch_dtype, why = dtype_choice(torch_device, dtype, weights)
+        report["device"] = {"ok": True, "device": str(torch_device), "dtype": str(torch_dtype), "dtype because": why}
     except ValueError as error:
         report["device"] = {"ok": False, "error": str(error)}
         device = "cpu"
 
-    path = model or default_model_path()
     report["model"] = {"ok": False, "path": str(path) if path else "(none: no --model and no embedded model)"}
     if model is not None and not _hub_model(model, device, report):
         path = None  # a hub id that is not downloaded: judged by its catalogue entry, nothing is fetched
@@ -89,3 +93,13 @@ def _hub_model(model: str, device: str, report: dict[str, dict[str, Any]]) -> bo
     report["model"].update(ok=True, cached=False, catalogued=known is not None,
                            note=f"not downloaded (nothing was fetched); `{fetch_command(hub_id)}` fetches it")
     return False
+
+
+def _local_directory(model: str) -> Path | None:
+    """The directory a model path or hub id names on this machine (a hub id's cached snapshot), None if none."""
+    from infill_engine.hub import cached_snapshot, parse_hub_id
+
+    if Path(model).is_dir():
+        return Path(model)
+    hub_id = parse_hub_id(model)
+    return cached_snapshot(hub_id) if hub_id is not None else None

@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +59,14 @@ class ModelInfo:
     architectures: tuple[str, ...]
     needs_remote_code: bool
     reads_as_qwen2: bool = False  # a `dream` checkpoint with Qwen2's weights: loaded as bidirectional Qwen2
+
+
+@dataclass(frozen=True)
+class StoredWeights:
+    """What a checkpoint's weights files hold, read from their headers before anything is loaded."""
+
+    parameters: int
+    dtype: str  # the safetensors dtype that most parameters are stored in: "F32", "BF16", "F16", ...
 
 
 def default_model_path() -> Path | None:
@@ -129,23 +138,49 @@ def qwen2_weight_names(config: dict[str, Any]) -> set[str]:
     return names if config.get("tie_word_embeddings") else names | {"lm_head.weight"}
 
 
-def safetensors_names(path: str | os.PathLike[str]) -> set[str]:
-    """The tensor names of a checkpoint's safetensors weights, read from the index or the files' headers."""
-    directory = Path(path)
-    index = directory / "model.safetensors.index.json"
+def safetensors_headers(path: str | os.PathLike[str]) -> dict[str, dict[str, Any]] | None:
+    """Every tensor of a checkpoint's safetensors files, by name: its header entry (dtype, shape, offsets); None
+    when a file is unreadable or not safetensors (the load says so later)."""
+    tensors: dict[str, dict[str, Any]] = {}
     try:
-        if index.is_file():
-            return set(json.loads(index.read_text(encoding="utf-8")).get("weight_map") or {})
-        names: set[str] = set()
-        for weights in directory.glob("*.safetensors"):
+        for weights in sorted(Path(path).glob("*.safetensors")):
             with open(weights, "rb") as handle:
                 size = int.from_bytes(handle.read(8), "little")
                 if not 0 < size <= 100 << 20:  # the format caps its header at 100 MB
-                    return set()
-                names |= set(json.loads(handle.read(size))) - {"__metadata__"}
-        return names
-    except (OSError, ValueError, AttributeError):  # unreadable or not safetensors: the load says so later
+                    return None
+                header = json.loads(handle.read(size))
+            tensors.update({name: entry for name, entry in header.items() if name != "__metadata__"})
+        return tensors
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def safetensors_names(path: str | os.PathLike[str]) -> set[str]:
+    """The tensor names of a checkpoint's safetensors weights, read from the index or the files' headers."""
+    index = Path(path) / "model.safetensors.index.json"
+    try:
+        if index.is_file():
+            return set(json.loads(index.read_text(encoding="utf-8")).get("weight_map") or {})
+    except (OSError, ValueError, AttributeError):
         return set()
+    return set(safetensors_headers(path) or {})
+
+
+def stored_weights(path: str | os.PathLike[str]) -> StoredWeights | None:
+    """How many parameters a checkpoint's safetensors files hold and the dtype most are stored in; None when they
+    cannot be read."""
+    from collections import Counter
+
+    headers = safetensors_headers(path)
+    if not headers:
+        return None
+    by_dtype: Counter[str] = Counter()
+    try:
+        for entry in headers.values():
+            by_dtype[str(entry["dtype"])] += math.prod(int(n) for n in entry["shape"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return StoredWeights(parameters=sum(by_dtype.values()), dtype=by_dtype.most_common(1)[0][0])
 
 
 def has_qwen2_weights(path: str | os.PathLike[str], config: dict[str, Any]) -> bool:
@@ -195,7 +230,7 @@ def load_denoiser(
             "trustRemoteCode setting) if you trust this checkpoint"
         )
     torch_device = choose_device(device)
-    torch_dtype = choose_dtype(torch_device, dtype)
+    torch_dtype = choose_dtype(torch_device, dtype, stored_weights(info.path))
     try:
         model, tokenizer = _load_weights(info, torch_dtype, trust_remote_code)
     except ModelLoadError:
