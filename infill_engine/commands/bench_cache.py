@@ -55,7 +55,7 @@ def add_kinds(kinds: argparse._SubParsersAction) -> dict[str, Callable[[argparse
     cache.add_argument("--repeats", type=int, default=2, help="timed uncached and cached steps (default 2)")
     cache.add_argument("--device", default="cpu", help=f"{DEVICES_HELP} (default: cpu)")
     cache.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
-                       help="(default: auto: float32 on CPU, bfloat16 on GPU)")
+                       help="(default: auto: as a checkpoint of these shapes stored in bfloat16 loads; README, Assumptions)")
     cache.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
     cache.add_argument("--json", action="store_true", help="print JSON")
     return {"cache": run_cache}
@@ -66,6 +66,7 @@ def run_cache(args: argparse.Namespace) -> int:
     import torch
 
     from infill_engine.device import choose_device, choose_dtype
+    from infill_engine.loading import StoredWeights
 
     if args.context < 2 or args.batch < 1 or args.repeats < 1 or args.refresh_every < 1 or min(args.spans) < 1:
         raise UsageError("--context must be >= 2, and --batch, --repeats, --refresh-every and --spans >= 1")
@@ -73,7 +74,8 @@ def run_cache(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     try:
         device = choose_device(args.device)
-        dtype = choose_dtype(device, args.dtype)
+        # as `auto` loads a real checkpoint of these shapes, which is published in bfloat16
+        dtype = choose_dtype(device, args.dtype, StoredWeights(real_parameters(args.config), "BF16"))
     except ValueError as error:
         raise UsageError(str(error)) from None
     model, special = build_random_dream(args.config, device, dtype)
@@ -96,6 +98,14 @@ def run_cache(args: argparse.Namespace) -> int:
             print(f"{row['span']:>5} {clock:>5} {uncached:>12.1f} {row[f'refresh_{unit}']:>11.1f} {cached:>10.1f} "
                   f"{uncached / cached:>6.1f} {amortised:>11.1f} {uncached / amortised:>6.1f}")
     return 0
+
+
+def real_parameters(name: str) -> int:
+    """The parameter count of the named checkpoint's shapes (counted on the meta device: nothing is allocated)."""
+    import torch
+
+    model, _ = build_random_dream(name, torch.device("meta"), torch.float32)
+    return sum(p.numel() for p in model.parameters())
 
 
 def build_random_dream(name: str, device: Any, dtype: Any) -> tuple[Any, Any]:
