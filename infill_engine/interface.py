@@ -54,7 +54,7 @@ class ModelSpec:
     path: str | None = None  # checkpoint directory or hub id owner/name[@revision]; None: the embedded model
     family: str | None = None  # one of FAMILIES; None: read from config.json
     device: str = "auto"  # auto (CUDA when present, else CPU), cpu, cuda, cuda:N, mps
-    dtype: str = "auto"  # one of DTYPES; auto: bfloat16/float16 on GPU, float32 on CPU
+    dtype: str = "auto"  # one of DTYPES; auto: bfloat16/float16 on GPU, on CPU by size (device.cpu_dtype)
     trust_remote_code: bool = False  # run a checkpoint's own modelling code (never by default)
     factory: str | None = None  # "module:function" building the engine from this spec instead (tests, demos)
     threads: int = field(default=0, compare=False)  # CPU threads for torch; 0: leave torch's choice
