@@ -132,7 +132,7 @@ class ModelSettings:
     path: str | None = _setting(None, _optional(_text))  # directory or hub id owner/name[@rev]; None: embedded
     family: str | None = _setting(None, _optional(_choice(*FAMILIES)))  # None: read from config.json
     device: str = _setting("auto", _device)  # auto: CUDA when present, else CPU
-    dtype: str = _setting("auto", _choice(*DTYPES))  # auto: bfloat16/float16 on GPU, on CPU by size (device.cpu_dtype)
+    dtype: str = _setting("auto", _choice(*DTYPES))  # auto: bf16/fp16 on GPU, on CPU by size (cpu_dtype)
     trust_remote_code: bool = _setting(False, _boolean)  # run a checkpoint's own modelling code (never by default)
     threads: int = _setting(0, _integer(0, 256))  # CPU threads for torch; 0: half the cores, at least one
     dual_cache: int = _setting(DEFAULT_DUAL_CACHE, _integer(0, 1024))  # llada/dream: cache refreshed every N steps; 0 off

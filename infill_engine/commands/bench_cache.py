@@ -55,7 +55,7 @@ def add_kinds(kinds: argparse._SubParsersAction) -> dict[str, Callable[[argparse
     cache.add_argument("--repeats", type=int, default=2, help="timed uncached and cached steps (default 2)")
     cache.add_argument("--device", default="cpu", help=f"{DEVICES_HELP} (default: cpu)")
     cache.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
-                       help="(default: auto: as a checkpoint of these shapes stored in bfloat16 loads; README, Assumptions)")
+                       help="(default: auto: as a bfloat16 checkpoint of these shapes loads; README, Assumptions)")
     cache.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
     cache.add_argument("--json", action="store_true", help="print JSON")
     return {"cache": run_cache}
