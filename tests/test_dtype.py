@@ -69,6 +69,15 @@ def test_stored_weights_are_read_from_the_headers(bfloat16_model, tmp_path):
     assert weights == StoredWeights(sum(t.numel() for t in load_file(bfloat16_model / "model.safetensors").values()),
                                     "BF16")
     assert weights.parameters >= sum(p.numel() for p in model.parameters())  # a tied output layer is stored too
+    sharded = tmp_path / "sharded"  # a checkpoint in two files, as large ones are published: both headers count
+    sharded.mkdir()
+    tensors = sorted(load_file(bfloat16_model / "model.safetensors").items())
+    half = len(tensors) // 2
+    save_file(dict(tensors[:half]), sharded / "model-00001-of-00002.safetensors", {"format": "pt"})
+    save_file({n: t.float() for n, t in tensors[half:]}, sharded / "model-00002-of-00002.safetensors")
+    in_float32 = sum(t.numel() for _, t in tensors[half:])
+    assert stored_weights(sharded) == StoredWeights(weights.parameters,
+                                                    "F32" if 2 * in_float32 > weights.parameters else "BF16")
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / "model.safetensors").write_bytes(b"\xff" * 8 + b"{}")
