@@ -74,8 +74,9 @@ class InfillEngine:
 
     # ----------------------------------------------------------------------------------- the rest of `Engine`
     def describe(self) -> ModelInfo:
-        """The model's family, directory and device."""
-        return ModelInfo(family=self.denoiser.family, path=str(self.denoiser.path), device=str(self.denoiser.device))
+        """The model's family, directory, device and dtype."""
+        return ModelInfo(family=self.denoiser.family, path=str(self.denoiser.path), device=str(self.denoiser.device),
+                         dtype=str(self.denoiser.dtype).removeprefix("torch."))
 
     def count_tokens(self, text: str) -> int:
         """How many of the model's tokens `text` is."""

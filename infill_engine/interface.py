@@ -153,6 +153,7 @@ class ModelInfo:
     family: str
     path: str
     device: str  # where the model runs: "cpu", "cuda:0", ...
+    dtype: str = ""  # what its weights run in: "float32", "bfloat16", ...; "" where the engine does not say
 
     @property
     def description(self) -> str:

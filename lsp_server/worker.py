@@ -128,7 +128,8 @@ class ModelHost:
             return None, FAILED, str(error)
         engine.configure(settings.engine_options())
         info = engine.describe()
-        logger.info("model ready: %s (%s on %s)", info.path, info.family, info.device)
+        logger.info("model ready: %s (%s on %s, %s)", info.path, info.family, info.device,
+                    info.dtype or "dtype unknown")
         return engine, READY, ""
 
     async def reconfigure(self, settings: Settings) -> None:

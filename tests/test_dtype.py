@@ -13,6 +13,8 @@ from safetensors.torch import load_file, save_file
 from infill_engine import device
 from infill_engine.device import cpu_dtype, cpu_has_bfloat16
 from infill_engine.doctor import diagnose
+from infill_engine.engine import InfillEngine
+from infill_engine.interface import ModelSpec
 from infill_engine.loading import StoredWeights, load_denoiser, stored_weights
 from tests import tiny_models
 
@@ -89,6 +91,7 @@ def test_auto_loads_a_large_bfloat16_model_in_bfloat16_on_a_cpu_with_its_arithme
     monkeypatch.setattr(device, "LARGE_MODEL_PARAMETERS", 1_000)  # the tiny model counts as large
     monkeypatch.setattr(device, "cpu_has_bfloat16", lambda: True)
     assert load_denoiser(bfloat16_model).dtype == torch.bfloat16
+    assert InfillEngine.load(ModelSpec(path=str(bfloat16_model))).describe().dtype == "bfloat16"  # for the log
     assert load_denoiser(bfloat16_model, dtype="float32").dtype == torch.float32  # asked for: as asked
     report = diagnose(str(bfloat16_model), None, "cpu", "auto", False)
     assert report["device"]["dtype"] == "torch.bfloat16" and report["model"]["dtype"] == "torch.bfloat16"

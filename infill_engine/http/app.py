@@ -385,7 +385,8 @@ class InfillApp:
 
     def _model_info(self) -> dict[str, Any]:
         info = self.model
-        return {"family": info.family, "path": info.path, "device": info.device, "description": info.description,
+        return {"family": info.family, "path": info.path, "device": info.device, "dtype": info.dtype,
+                "description": info.description,
                 "limits": {"max_body_bytes": self.limits.max_body_bytes, "max_tokens": self.limits.max_tokens,
                            "max_queued": self.limits.max_queued}}
 

@@ -80,7 +80,8 @@ class HttpEngine:
     def describe(self) -> ModelInfo:
         """The model the server serves; its device names the server."""
         return ModelInfo(family=str(self.model.get("family", "?")), path=str(self.model.get("path", "?")),
-                         device=f"{self.model.get('device', '?')} (team server {self.url})")
+                         device=f"{self.model.get('device', '?')} (team server {self.url})",
+                         dtype=str(self.model.get("dtype", "")))
 
     def configure(self, options: EngineOptions) -> None:
         """Sampling and context settings, sent with every request."""

@@ -223,7 +223,7 @@ def build_application(spec: ModelSpec, limits: Any, key: str | None, options: Ra
 
         def describe(self) -> dict[str, str]:
             info = self.engine.describe()
-            return {"family": info.family, "path": info.path, "device": info.device}
+            return {"family": info.family, "path": info.path, "device": info.device, "dtype": info.dtype}
 
         def stats(self) -> dict[str, Any]:
             replica = serve.get_replica_context().replica_id.unique_id
@@ -236,7 +236,7 @@ def build_application(spec: ModelSpec, limits: Any, key: str | None, options: Ra
         handle = serve.get_deployment_handle(MODEL_DEPLOYMENT, app_name=APP_NAME)
         with ThreadPoolExecutor(1) as thread:  # .result() may not be called on an event loop's thread
             info = thread.submit(lambda: handle.describe.remote().result()).result()
-        model = ModelInfo(info["family"], info["path"], f"{info['device']} (Ray Serve)")
+        model = ModelInfo(info["family"], info["path"], f"{info['device']} (Ray Serve)", info.get("dtype", ""))
         return InfillApp(RayEngine(handle, model), limits, key, workers=limits.max_queued)
 
     @serve.deployment(name="DiffillIngress", max_ongoing_requests=limits.max_queued * 2)

@@ -108,7 +108,7 @@ def _serve(args: argparse.Namespace, spec: ModelSpec, socket: Path, tcp: tuple[s
         socket.unlink(missing_ok=True)
         return 1
     info = engine.describe()
-    model = {"key": spec.key, "path": info.path, "family": info.family, "device": info.device}
+    model = {"key": spec.key, "path": info.path, "family": info.family, "device": info.device, "dtype": info.dtype}
     limits = ServiceLimits(max_frame_bytes=args.max_frame_bytes, max_tokens=args.max_tokens,
                            max_queued=args.max_queued)
     service = EngineService(engine, model, limits, idle_timeout=args.idle_timeout, token=token)

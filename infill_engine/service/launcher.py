@@ -105,7 +105,8 @@ class SharedEngine:
         """The model the engine serves; its device names the engine's address."""
         model = self.client.model
         return ModelInfo(family=str(model.get("family", "?")), path=str(model.get("path", "?")),
-                         device=f"{model.get('device', '?')} (shared engine {self.client.address})")
+                         device=f"{model.get('device', '?')} (shared engine {self.client.address})",
+                         dtype=str(model.get("dtype", "")))
 
     def configure(self, options: EngineOptions) -> None:
         """Sampler and context settings of this client, sent with every request."""

@@ -64,6 +64,7 @@ def test_fill_over_the_socket_is_the_in_process_fill(engine):
     assert result.stats.forward_passes == local.stats.forward_passes == len(steps) > 0
     assert isinstance(steps[0], RemoteStep)
     assert client.tokenize("return a") == build_engine(None).tokenize("return a")
+    assert client.hello["model"]["dtype"] == build_engine(None).describe().dtype == "float32"  # shown in logs
     client.close()
 
 
