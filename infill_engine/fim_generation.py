@@ -205,6 +205,8 @@ def load_twin(path: str, device: str = "cpu", context: ContextConfig | None = No
     from transformers import AutoTokenizer
 
     from infill_engine.diffill_model import DiffillForInfilling
+    from infill_engine.packed_weights import pack_linear_weights
 
     model = DiffillForInfilling.from_pretrained(path, dtype=torch.float32).to(device)
+    pack_linear_weights(model)  # as the diffusion model is when loaded, so that the two compare fairly
     return FimGenerator(model, AutoTokenizer.from_pretrained(path), context)
