@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 import statistics
 import time
@@ -275,6 +276,51 @@ def _fill_row(case: FillCase, variant: str, measured: list[MeasuredFill],
         "share_of_peak_steps": round(achieved / peak, 3),
         "share_of_peak_forward_only": round(statistics.median(forward_gflops) / peak, 3),
     }
+
+
+def engine_copy(engine: InfillEngine) -> InfillEngine:
+    """A copy of the engine with a model of its own (deep-copied), to change for `compare_engines`."""
+    copied = copy.copy(engine)
+    copied.denoiser = copy.copy(engine.denoiser)
+    copied.denoiser.model = copy.deepcopy(engine.denoiser.model)
+    return copied
+
+
+def compare_engines(engines: dict[str, InfillEngine], holes: list[tuple[str, str]], cases: list[FillCase],
+                    baseline: str) -> list[dict[str, Any]]:
+    """Copies of an engine (a model changed in one way each) filling the same holes, one after another at each hole
+    and in turn first (so that the machine's load falls on all alike): per case and copy, the medians of one forward
+    pass, of a fill and of its passes, the median of each fill's ms over `baseline`'s at the same hole, and how many
+    fills came out with `baseline`'s text (real `engine.fill`s: gate and repairs on, seed 0)."""
+    names = list(engines)
+    rows = []
+    for case in cases:
+        forward: dict[str, list[float]] = {name: [] for name in names}
+        measured: dict[str, list[InfillResult]] = {name: [] for name in names}
+        for index, (prefix, suffix) in enumerate(holes):
+            request = InfillRequest(prefix, suffix, "python", max_tokens=case.positions,
+                                    single_line=case.single_line, seed=0)
+            turn = index % len(names)
+            for name in names[turn:] + names[:turn]:
+                engine = engines[name]
+                forward[name].append(forward_cost(engine, prefix, suffix, case.positions, 1)[1])
+                if index == 0:
+                    engine.fill(request)  # warm-up, not counted
+                measured[name].append(engine.fill(request))
+        base = measured[baseline]
+        for name in names:
+            fills = measured[name]
+            rows.append({
+                "span": case.name, "model": name,
+                "forward_ms_median": round(statistics.median(forward[name]), 2),
+                "fill_ms_median": round(statistics.median(r.stats.ms["total"] for r in fills), 1),
+                "fill_ms_p95": round(_percentile([r.stats.ms["total"] for r in fills], 0.95), 1),
+                "passes_median": statistics.median(r.stats.forward_passes for r in fills),
+                "ms_ratio_to_baseline": round(statistics.median(
+                    r.stats.ms["total"] / b.stats.ms["total"] for r, b in zip(fills, base)), 3),
+                "same_text_as_baseline": sum(r.text == b.text for r, b in zip(fills, base)),
+            })
+    return rows
 
 
 def profile_one_fill(engine: InfillEngine, prefix: str, suffix: str, case: FillCase, rows: int = 15) -> str:
