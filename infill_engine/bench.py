@@ -7,7 +7,7 @@ import math
 import statistics
 import time
 from dataclasses import dataclass, replace
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
@@ -15,6 +15,9 @@ from infill_engine.canvas import trim_context
 from infill_engine.commit_rules import fresh_noise
 from infill_engine.engine import InfillEngine, InfillRequest, InfillResult
 from infill_engine.sampler import SamplerConfig, sampler_variant
+
+if TYPE_CHECKING:
+    from infill_engine.evaluation import Problem
 
 BENCH_PREFIX = (
     "import json\n\n\ndef load_settings(path):\n    \"\"\"Read a JSON settings file into a dict.\"\"\"\n"
@@ -286,17 +289,20 @@ def engine_copy(engine: InfillEngine) -> InfillEngine:
     return copied
 
 
-def compare_engines(engines: dict[str, InfillEngine], holes: list[tuple[str, str]], cases: list[FillCase],
+def compare_engines(engines: dict[str, InfillEngine], problems: list["Problem"], cases: list[FillCase],
                     baseline: str) -> list[dict[str, Any]]:
     """Copies of an engine (a model changed in one way each) filling the same holes, one after another at each hole
     and in turn first (so that the machine's load falls on all alike): per case and copy, the medians of one forward
     pass, of a fill and of its passes, the median of each fill's ms over `baseline`'s at the same hole, and how many
-    fills came out with `baseline`'s text (real `engine.fill`s: gate and repairs on, seed 0)."""
+    fills came out with `baseline`'s text (real `engine.fill`s: gate and repairs on, seed 0; single-line cases at the
+    holes as ghost text meets them, `ghost_text_hole`, as in `bench_fill`)."""
     names = list(engines)
     rows = []
     for case in cases:
         forward: dict[str, list[float]] = {name: [] for name in names}
         measured: dict[str, list[InfillResult]] = {name: [] for name in names}
+        holes = [ghost_text_hole(p.prompt, p.suffix, p.canonical_solution) if case.single_line else (p.prompt, p.suffix)
+                 for p in problems]
         for index, (prefix, suffix) in enumerate(holes):
             request = InfillRequest(prefix, suffix, "python", max_tokens=case.positions,
                                     single_line=case.single_line, seed=0)
