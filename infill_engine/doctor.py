@@ -17,6 +17,7 @@ def diagnose(
     from infill_engine import syntax
     from infill_engine.device import choose_device, dtype_choice
     from infill_engine.loading import ModelLoadError, default_model_path, inspect_model, load_denoiser, stored_weights
+    from infill_engine.packed_weights import packed_layers, packing_refusal
 
     report: dict[str, dict[str, Any]] = {
         "runtime": {
@@ -54,7 +55,11 @@ def diagnose(
             report["model"].update(
                 ok=True, parameters=sum(p.numel() for p in denoiser.model.parameters()), noise=denoiser.noise,
                 loaded_on=str(denoiser.device), dtype=str(denoiser.dtype),
+                **{"MKL-packed layers": packed_layers(denoiser.model)},
             )
+            refusal = packing_refusal(denoiser.model)
+            if refusal is not None:
+                report["model"]["not packed because"] = refusal
             report["tokenizer"] = {
                 "ok": True,
                 "class": type(denoiser.tokenizer).__name__,

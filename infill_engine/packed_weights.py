@@ -114,23 +114,37 @@ class PackedLinear(nn.Linear):
         return packed.tensor if packed is not None else None
 
 
+def packing_refusal(model: nn.Module, max_bytes: int = MAX_PACKED_BYTES) -> str | None:
+    """Why `pack_linear_weights` leaves this model's layers plain (a phrase for `diffill doctor`); None: it packs."""
+    weights = {id(m.weight): m.weight for m in model.modules() if type(m) in (nn.Linear, PackedLinear)}
+    if not weights:
+        return "the model has no nn.Linear layers"
+    if not mkl_packing_available():
+        return "this PyTorch build has no MKL packed sgemm"
+    unpackable = next((w for w in weights.values() if not _packable(w)), None)
+    if unpackable is not None:
+        return f"packing needs float32 weights on the CPU (these are {str(unpackable.dtype).removeprefix('torch.')} " \
+               f"on {unpackable.device.type})"
+    size = sum(weight.numel() * weight.element_size() for weight in weights.values())
+    if size > max_bytes:
+        return f"its Linear weights ({size / 2**20:,.0f} MiB) exceed the {max_bytes / 2**20:,.0f} MiB packed"
+    return None
+
+
 def pack_linear_weights(model: nn.Module, max_bytes: int = MAX_PACKED_BYTES) -> int:
     """Make every `nn.Linear` of a float32 CPU model a `PackedLinear` with its weight packed; the layers packed.
 
-    Nothing changes (0) where MKL packing is unavailable, the model is not float32 on the CPU, or its Linear weights
-    exceed `max_bytes`.
+    Nothing changes (0) where `packing_refusal` gives a reason: MKL packing unavailable, the model not float32 on the
+    CPU, or its Linear weights over `max_bytes`.
     """
-    linears = [module for module in model.modules() if type(module) is nn.Linear]
-    weights = {id(layer.weight): layer.weight for layer in linears}
-    size = sum(weight.numel() * weight.element_size() for weight in weights.values())
-    if not linears or size > max_bytes or not mkl_packing_available() \
-            or not all(_packable(weight) for weight in weights.values()):
+    if packing_refusal(model, max_bytes) is not None:
         return 0
     _ensure_flop_formula()
-    for layer in linears:
+    layers = [module for module in model.modules() if type(module) in (nn.Linear, PackedLinear)]
+    for layer in layers:
         layer.__class__ = PackedLinear
         layer.pack()
-    return len(linears)
+    return len(layers)
 
 
 def unpack_linear_weights(model: nn.Module) -> int:

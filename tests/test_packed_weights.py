@@ -19,6 +19,7 @@ from infill_engine.packed_weights import (
     mkl_packing_available,
     pack_linear_weights,
     packed_layers,
+    packing_refusal,
     unpack_linear_weights,
 )
 
@@ -130,3 +131,19 @@ def test_fills_read_the_same_text_packed_and_plain(model_dirs: dict[str, Path]):
             request = InfillRequest(prefix, suffix, "python", max_tokens=positions, single_line=single_line, seed=0)
             a, b = packed.fill(request), plain.fill(request)
             assert (a.text, a.stats.forward_passes) == (b.text, b.stats.forward_passes)
+
+
+def test_doctor_says_how_many_layers_are_packed_and_why_none_are(model_dirs):
+    from infill_engine.doctor import diagnose
+
+    packed = diagnose(str(model_dirs["diffill"]), None, "cpu", "auto", False)["model"]
+    assert packed["MKL-packed layers"] > 0 and "not packed because" not in packed
+    plain = diagnose(str(model_dirs["diffill"]), None, "cpu", "bfloat16", False)["model"]
+    assert plain["MKL-packed layers"] == 0
+    assert plain["not packed because"] == "packing needs float32 weights on the CPU (these are bfloat16 on cpu)"
+
+
+def test_a_model_over_the_size_limit_is_refused_with_its_size():
+    big = nn.Sequential(nn.Linear(1024, 1024))
+    assert packing_refusal(big, max_bytes=2**20) == "its Linear weights (4 MiB) exceed the 1 MiB packed"
+    assert packing_refusal(big) is None
