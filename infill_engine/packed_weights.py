@@ -5,9 +5,9 @@ matrix of the model. At so few rows MKL's plain `sgemm` spends much of each call
 kernel; `sgemm_pack` does that once at load time and `sgemm_compute` runs the kernel on the packed copy. The
 embedded model's 25 matmuls in a row take 2.35 ms plain against 1.50 packed at 8 rows and 3.19 against 2.59 at 24,
 but 1.1 against 1.3-1.4 at 1-3 rows and 18.0 against 19.9 at 256; yet in a fill the packed product at every row count
-is the fastest (a single-line fill 5-9 % faster), and packed only where it wins alone is no faster than plain: a
-layer that takes both products reads two copies of its weight, twice the memory traffic the step is bound by
-(docs/BENCHMARKS.md, "MKL-packed weights"). So a packed layer always takes the packed product where it can.
+is the fastest (a step 6-9 % cheaper, a whole fill 2.5-6 %), and packed only where it wins alone is no faster than
+plain: a layer that takes both products reads two copies of its weight, twice the memory traffic the step is bound
+by (docs/BENCHMARKS.md, "MKL-packed weights"). So a packed layer always takes the packed product where it can.
 
 `pack_linear_weights` turns a model's `nn.Linear` layers into `PackedLinear` in place (the same objects, the same
 weight `Parameter`s, so tied weights stay tied and the state dict is unchanged). A layer runs its packed copy only
