@@ -130,6 +130,21 @@ def test_fit_verdicts_from_the_memory_at_hand():
     assert too_big["ok"] is False and too_big["verdict"].startswith("does not fit")
 
 
+def test_fit_verdicts_name_the_dtype_the_cpu_would_run_in():
+    """On the CPU the verdict follows `--dtype auto`: float32 (4 bytes a parameter) where that is what it picks."""
+    open_dcoder, llada = catalogue.find("open-dcoder-0.5b"), catalogue.find("llada-8b")
+    no_bf16 = fit_verdict(open_dcoder, ram=24.0, gpu=None, bfloat16_hardware=False)
+    assert no_bf16["verdict"].startswith("fits in RAM at float32") and no_bf16["CPU dtype"] == "float32"
+    assert no_bf16["CPU GiB"] == pytest.approx(0.5e9 * 4 / 2**30, abs=0.1)
+    with_bf16 = fit_verdict(open_dcoder, ram=24.0, gpu=None, bfloat16_hardware=True)
+    assert with_bf16["verdict"].startswith("fits in RAM at bf16") and with_bf16["CPU dtype"] == "bfloat16"
+    # 8B in float32 (30 GiB) does not fit 24 GiB, so auto takes bfloat16 (15 GiB), which does; with 64 GiB, float32
+    assert fit_verdict(llada, ram=24.0, gpu=None, bfloat16_hardware=False)["verdict"].startswith("fits in RAM at bf16")
+    assert fit_verdict(llada, ram=64.0, gpu=None, bfloat16_hardware=False)["CPU dtype"] == "float32"
+    small_gpu = fit_verdict(llada, ram=64.0, gpu=12.0, bfloat16_hardware=False)
+    assert "at float32 (29.8 GiB) it runs on the CPU" in small_gpu["verdict"] and small_gpu["ok"] is True
+
+
 def test_doctor_judges_an_uncached_hub_model_without_downloading_it(hf_home, capsys):
     status = main(["doctor", "--model", "google/diffusiongemma-26B-A4B-it", "--device", "cpu", "--json"])
     report = json.loads(capsys.readouterr().out)
