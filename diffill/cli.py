@@ -24,6 +24,7 @@ COMMANDS = {
     "http": "infill_engine.http.command",
     "doctor": "infill_engine.commands.doctor",
     "models": "infill_engine.commands.models",
+    "compile": "infill_engine.commands.compile_layers",
     "bench": "diffill.bench",
     "eval": "infill_engine.commands.evaluate",
     "train": "infill_engine.training.cli",

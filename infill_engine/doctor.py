@@ -60,6 +60,8 @@ def diagnose(
             refusal = packing_refusal(denoiser.model)
             if refusal is not None:
                 report["model"]["not packed because"] = refusal
+            if hasattr(denoiser, "compiled_layers_state"):
+                report["model"]["compiled layers"] = denoiser.compiled_layers_state
             report["tokenizer"] = {
                 "ok": True,
                 "class": type(denoiser.tokenizer).__name__,

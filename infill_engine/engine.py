@@ -69,7 +69,8 @@ class InfillEngine:
 
         spec = spec or ModelSpec()
         denoiser = load_denoiser(spec.path, family=spec.family, device=spec.device, dtype=spec.dtype,
-                                 trust_remote_code=spec.trust_remote_code, dual_cache=spec.dual_cache)
+                                 trust_remote_code=spec.trust_remote_code, dual_cache=spec.dual_cache,
+                                 compiled_layers=spec.compiled_layers)
         return cls(denoiser, sampler=sampler, context=context)
 
     # ----------------------------------------------------------------------------------- the rest of `Engine`

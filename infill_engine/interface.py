@@ -40,6 +40,10 @@ MAX_GROW = 64
 # its effect on a real checkpoint's pass@1 is unmeasured. Other families ignore it (diffill's context cache is
 # exact; DiffusionGemma caches its prefix).
 DEFAULT_DUAL_CACHE = 0
+# The embedded model on the CPU in float32: its layers compiled ahead of time for this CPU (infill_engine/
+# compiled_layers.py). auto: a package in the cache is used, and a server compiles a missing one in the background at
+# the lowest priority; off: the layers always run eagerly.
+COMPILED_LAYERS = ("auto", "off")
 # Servers: fills sharing forward passes at once (infill_engine.batched_fill; `diffill http --max-batch-size`), and on
 # Ray Serve the requests handed to a replica together.
 DEFAULT_MAX_BATCH_SIZE = 8
@@ -59,6 +63,7 @@ class ModelSpec:
     factory: str | None = None  # "module:function" building the engine from this spec instead (tests, demos)
     threads: int = field(default=0, compare=False)  # CPU threads for torch; 0: leave torch's choice
     dual_cache: int = DEFAULT_DUAL_CACHE  # llada/dream: refresh the prefix/suffix keys and values every N steps; 0: off
+    compiled_layers: str = "auto"  # one of COMPILED_LAYERS: the embedded model's layers compiled for this CPU
 
     def __post_init__(self) -> None:
         if self.family is not None and self.family not in FAMILIES:
@@ -72,6 +77,8 @@ class ModelSpec:
         if not isinstance(self.dual_cache, int) or isinstance(self.dual_cache, bool) or self.dual_cache < 0:
             raise ValueError(f"dual_cache must be an integer >= 0: refresh every N steps, 0 off "
                              f"(got {self.dual_cache!r})")
+        if self.compiled_layers not in COMPILED_LAYERS:
+            raise ValueError(f"unknown compiled_layers {self.compiled_layers!r}; allowed: {', '.join(COMPILED_LAYERS)}")
 
     @property
     def resolved_path(self) -> str | None:
@@ -208,10 +215,10 @@ class NoModelError(OpenError):
 
 
 def open_engine(spec: ModelSpec, mode: str = "inprocess", *, url: str | None = None, key: str | None = None,
-                key_file: str | None = None) -> Engine:
+                key_file: str | None = None, serving: bool = False) -> Engine:
     """An engine for `spec`: "inprocess" loads it here, "shared" uses the shared engine, "auto" tries shared first,
     "remote" uses the team server at `url` (the server's model, not `spec`) with the API key `key`, else the first
-    line of `key_file`, else $DIFFILL_API_KEY.
+    line of `key_file`, else $DIFFILL_API_KEY. `serving`: for a long-lived server (see `load_engine`).
 
     Raises OpenError (NoModelError when there is no model to load) for every failure a user can fix.
     """
@@ -240,13 +247,14 @@ def open_engine(spec: ModelSpec, mode: str = "inprocess", *, url: str | None = N
                 raise OpenError(f"no shared engine: {error}") from None
             logger.warning("no shared engine (%s); loading the model in this process", error)
     try:
-        return load_engine(spec)
+        return load_engine(spec, serving=serving)
     except (ModelLoadError, ValueError, OSError) as error:
         raise OpenError(str(error)) from None
 
 
-def load_engine(spec: ModelSpec) -> Engine:
-    """The model of `spec` loaded in this process (imports torch)."""
+def load_engine(spec: ModelSpec, *, serving: bool = False) -> Engine:
+    """The model of `spec` loaded in this process (imports torch); `serving`: a long-lived server, which compiles
+    the embedded model's layers in the background where `spec.compiled_layers` is auto and none are cached."""
     import importlib
 
     import torch
@@ -260,6 +268,10 @@ def load_engine(spec: ModelSpec) -> Engine:
         engine = InfillEngine.load(spec)
     if spec.threads and engine.describe().device == "cpu":
         torch.set_num_threads(spec.threads)
+    if serving and spec.compiled_layers == "auto" and not spec.factory:
+        compile_in_background = getattr(getattr(engine, "denoiser", None), "compile_layers_in_background", None)
+        if compile_in_background is not None:
+            compile_in_background(spec)
     return engine
 
 
@@ -286,6 +298,10 @@ def add_model_options(parser: argparse.ArgumentParser, *, threads: str | None = 
                         help="llada and dream models: reuse the prefix's and suffix's keys and values, computed again "
                              f"every N steps (4 was measured); 0 runs the whole sequence every step "
                              f"(default: {DEFAULT_DUAL_CACHE})")
+    parser.add_argument("--compiled-layers", default="auto", choices=COMPILED_LAYERS,
+                        help="the embedded model on the CPU: run its layers compiled for this CPU when `diffill "
+                             "compile` (or a server, in the background) has cached them; off: always eagerly "
+                             "(default: auto)")
     if factory:
         parser.add_argument("--engine-factory", metavar="MODULE:FUNCTION",
                             help="build the engine with FUNCTION(spec) from MODULE instead of loading a checkpoint "
@@ -299,5 +315,6 @@ def model_spec_from_args(args: argparse.Namespace, **overrides: Any) -> ModelSpe
     spec = ModelSpec(path=args.model, family=args.family, device=args.device, dtype=args.dtype,
                      trust_remote_code=args.trust_remote_code, factory=getattr(args, "engine_factory", None),
                      threads=getattr(args, "threads", 0) or 0,
-                     dual_cache=getattr(args, "dual_cache", DEFAULT_DUAL_CACHE))
+                     dual_cache=getattr(args, "dual_cache", DEFAULT_DUAL_CACHE),
+                     compiled_layers=getattr(args, "compiled_layers", "auto"))
     return replace(spec, **overrides) if overrides else spec

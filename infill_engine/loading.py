@@ -208,9 +208,11 @@ def load_denoiser(
     dtype: str = "auto",
     trust_remote_code: bool = False,
     dual_cache: int = DEFAULT_DUAL_CACHE,
+    compiled_layers: str = "auto",
 ) -> "Denoiser":
     """Load a checkpoint directory or hub id (the shipped model when `path` is None) behind its family's adapter;
-    `dual_cache` N >= 1: llada and dream models refresh their prefix/suffix keys and values every N steps."""
+    `dual_cache` N >= 1: llada and dream models refresh their prefix/suffix keys and values every N steps;
+    `compiled_layers` auto: a diffill model uses its layers compiled for this CPU when they are cached."""
     from infill_engine.device import choose_device, choose_dtype
 
     if path is not None:
@@ -240,7 +242,10 @@ def load_denoiser(
     model.to(torch_device).eval()
     _own_memory(model)
     _pack_weights(model, info)
-    return _wrap(info, model, tokenizer, dual_cache)
+    denoiser = _wrap(info, model, tokenizer, dual_cache)
+    if compiled_layers == "auto" and hasattr(denoiser, "load_compiled_layers"):
+        denoiser.load_compiled_layers()
+    return denoiser
 
 
 def _load_weights(info: ModelInfo, dtype: Any, trust_remote_code: bool) -> tuple[Any, Any]:

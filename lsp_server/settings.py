@@ -15,6 +15,7 @@ from dataclasses import MISSING, Field, dataclass, field, fields, is_dataclass, 
 from typing import Any
 
 from infill_engine.interface import (
+    COMPILED_LAYERS,
     DEFAULT_DUAL_CACHE,
     DEFAULT_KEEP_ABOVE,
     DTYPES,
@@ -136,6 +137,7 @@ class ModelSettings:
     trust_remote_code: bool = _setting(False, _boolean)  # run a checkpoint's own modelling code (never by default)
     threads: int = _setting(0, _integer(0, 256))  # CPU threads for torch; 0: half the cores, at least one
     dual_cache: int = _setting(DEFAULT_DUAL_CACHE, _integer(0, 1024))  # llada/dream: cache refreshed every N steps; 0 off
+    compiled_layers: str = _setting("auto", _choice(*COMPILED_LAYERS))  # embedded model on the CPU: compiled layers
 
     def spec(self, factory: str | None = None) -> ModelSpec:
         """The engine's ModelSpec of these settings (`factory`: `diffill serve --engine-factory`)."""
@@ -143,7 +145,8 @@ class ModelSettings:
 
         return ModelSpec(path=self.path, family=self.family, device=self.device, dtype=self.dtype,
                          trust_remote_code=self.trust_remote_code, factory=factory,
-                         threads=self.threads or half_the_cores(), dual_cache=self.dual_cache)
+                         threads=self.threads or half_the_cores(), dual_cache=self.dual_cache,
+                         compiled_layers=self.compiled_layers)
 
 
 @dataclass(frozen=True, kw_only=True)

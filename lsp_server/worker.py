@@ -121,7 +121,7 @@ class ModelHost:
                 resolve_model_path(settings.model.path, on_download)
             remote = settings.engine
             engine = open_engine(settings.model.spec(self.engine_factory), remote.mode, url=remote.url,
-                                 key=remote.key, key_file=remote.key_file)
+                                 key=remote.key, key_file=remote.key_file, serving=True)
         except NoModelError as error:
             return None, NO_MODEL, str(error)
         except (OpenError, HubError) as error:

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from infill_engine.special_tokens import END_OF_SPAN_TOKEN, END_OF_TEXT_TOKEN, MASK_TOKEN, PAD_TOKEN
 from tests import tiny_models
+
+# The session's own cache of compiled layers ($DIFFILL_CACHE), set before any server environment is built from
+# os.environ: servers' background compiles of tiny models land there, not in the user's ~/.cache/diffill.
+os.environ["DIFFILL_CACHE"] = tempfile.mkdtemp(prefix="diffill-test-cache-")
+atexit.register(shutil.rmtree, os.environ["DIFFILL_CACHE"], ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -68,8 +69,8 @@ def _save(model, tokenizer, directory: Path) -> Path:
     return directory
 
 
-def build_diffill(directory: Path, seed: int = 0, hidden: int = 32, layers: int = 2) -> Path:
-    """The embedded model's own architecture at a tiny size."""
+def build_diffill(directory: Path, seed: int = 0, hidden: int = 32, layers: int = 2, **options: Any) -> Path:
+    """The embedded model's own architecture at a tiny size (`options`: other DiffillConfig fields)."""
     from infill_engine.diffill_model import DiffillConfig, DiffillForInfilling
 
     tokenizer = build_tokenizer({"pad": PAD_TOKEN, "mask": MASK_TOKEN, "eos": END_OF_TEXT_TOKEN,
@@ -79,7 +80,7 @@ def build_diffill(directory: Path, seed: int = 0, hidden: int = 32, layers: int 
         vocab_size=len(tokenizer), hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=2,
         intermediate_size=2 * hidden, max_position_embeddings=1024,
         mask_token_id=tokenizer.mask_token_id, pad_token_id=tokenizer.pad_token_id,
-        end_of_span_token_id=tokenizer.convert_tokens_to_ids(END_OF_SPAN_TOKEN),
+        end_of_span_token_id=tokenizer.convert_tokens_to_ids(END_OF_SPAN_TOKEN), **options,
     )
     return _save(DiffillForInfilling(config), tokenizer, directory)
 

@@ -14,7 +14,7 @@ as encoding it all, up to floating-point rounding.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -23,6 +23,10 @@ from infill_engine.special_tokens import SpecialTokens
 from infill_engine.device import threads_for_pass
 from infill_engine.diffill_model.modeling_diffill import DiffillContextCache, DiffillDenoisingPlan
 from infill_engine.prefix_cache import PrefixCache
+
+if TYPE_CHECKING:
+    from infill_engine.compiled_layers import BackgroundCompile
+    from infill_engine.interface import ModelSpec
 
 MIN_REUSED = 16  # prefix tokens a request must share with a cached one for its keys and values to be reused
 
@@ -56,6 +60,57 @@ class DiffillDenoiser(Denoiser):
         self.positions_encoded = 0  # context positions run through the model, all requests together
         self.positions_reused = 0  # context positions whose keys and values came from the prefix cache
         self.canvas_positions_run = 0  # canvas positions the layers ran over, every step and row together
+        self.compiled_layers_state = "off"  # what `diffill doctor` says of the compiled layers (compiled_layers.py)
+        self.background_compile: BackgroundCompile | None = None  # a server's compile of them, while it runs
+
+    def load_compiled_layers(self) -> None:
+        """Run the layers compiled for this CPU where a package for this model is cached (`diffill compile`)."""
+        from infill_engine.compiled_layers import compile_refusal, load_compiled_layers
+
+        refusal = compile_refusal(self.model)
+        if refusal is not None:
+            self.compiled_layers_state = f"not used: {refusal}"
+            return
+        self.model.compiled_layers = load_compiled_layers(self.model)
+        self.compiled_layers_state = (f"loaded ({self.model.compiled_layers.path})" if self.model.compiled_layers
+                                      else "not compiled for this model, PyTorch and CPU yet (`diffill compile`; "
+                                           "a server compiles them in the background)")
+
+    def compile_layers_in_background(self, spec: ModelSpec) -> None:
+        """A server's: compile the layers in a low-priority child process if none are cached; used once it is done."""
+        import sys
+
+        from infill_engine.compiled_layers import BackgroundCompile, compile_refusal
+
+        if getattr(self.model, "compiled_layers", None) is not None or compile_refusal(self.model) is not None:
+            return
+        command = [sys.executable, "-m", "diffill", "compile", "--device", "cpu", "--dtype", "float32"]
+        if spec.path is not None:
+            command += ["--model", str(spec.resolved_path)]
+        if spec.family is not None:
+            command += ["--family", spec.family]
+        if spec.trust_remote_code:
+            command.append("--trust-remote-code")
+        job = BackgroundCompile(self.model, command)
+        try:
+            running = job.start()
+        except OSError as error:
+            self.compiled_layers_state = f"not compiled: the background compile did not start ({error})"
+            return
+        self.compiled_layers_state = job.state
+        self.background_compile = job if running else None
+
+    def _use_finished_compile(self) -> None:
+        """Once the background compile has finished, run its layers from this fill on."""
+        job = self.background_compile
+        if job is None:
+            return
+        compiled = job.poll()
+        if job.process is None:  # finished, well or not
+            self.background_compile = None
+            self.compiled_layers_state = job.state
+            if compiled is not None:
+                self.model.compiled_layers = compiled
 
     @torch.no_grad()
     def encode(self, prefix_ids: list[int], suffix_ids: list[int], span_length: int, batch_size: int) -> EncodedContext:
@@ -166,6 +221,7 @@ class DiffillDenoiser(Denoiser):
         layers over `rows` (r,) only if given, as `Denoiser.reuses_canvas_keys` says."""
         state: _CanvasOf = context.state
         if state.plan is None or state.plan.shape != canvas.shape:  # once per fill and canvas shape
+            self._use_finished_compile()
             positions = state.positions.expand(canvas.shape[0], -1)  # (B, N)
             state.plan = self.model.plan_denoising(positions, state.cache, state.known)
             rows = None  # a new plan holds no canvas keys and values yet

@@ -1,4 +1,4 @@
-"""The engine's subcommands (`fill`, `doctor`, `bench`, `eval`): each module exports `add_arguments` and `run`.
+"""The engine's subcommands (`fill`, `doctor`, `compile`, `bench`, `eval`): each module exports `add_arguments` and `run`.
 
 The `diffill` command table (`diffill.cli`) assembles them with the server's and training's. Importing these modules
 is cheap (no torch); a command imports the engine when it runs.

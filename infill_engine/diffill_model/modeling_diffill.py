@@ -22,6 +22,7 @@ approximation otherwise (the sampler's `canvas_refresh` decides when it is used)
 Shapes: B batch, T sequence, C context length, N canvas length, E hidden width, H heads, D head size, V vocabulary.
 """
 
+import logging
 import math
 from dataclasses import dataclass
 
@@ -34,6 +35,7 @@ from transformers.modeling_outputs import MaskedLMOutput
 
 from .configuration_diffill import DiffillConfig
 
+logger = logging.getLogger(__name__)
 IGNORE_INDEX = -100  # label value of positions that carry no loss (the transformers convention)
 
 
@@ -296,6 +298,7 @@ class DiffillForInfilling(DiffillPreTrainedModel):
         self.norm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
+        self.compiled_layers = None  # the blocks compiled ahead of time for a step (`compiled_layers.py`), if loaded
 
     def get_input_embeddings(self) -> nn.Embedding:
         """The token embedding."""
@@ -413,8 +416,7 @@ class DiffillForInfilling(DiffillPreTrainedModel):
         cos, sin = plan.cos[:, rows], plan.sin[:, rows]  # each (B, r, 1, D)
         attn_mask = None if plan.attn_mask is None else plan.attn_mask[:, :, rows]  # (B, 1, r, C + N)
         slots = rows + plan.cache.length  # (r,) where the rows' keys and values go in the buffers
-        for block, keys, values in zip(self.layers, plan.keys, plan.values):
-            x, _, _ = block(x, cos, sin, attn_mask, (keys, values), slots)
+        x = self._canvas_layers(x, cos, sin, attn_mask, plan, slots)
         index_of = torch.full((N,), -1, dtype=torch.long, device=rows.device)
         index_of[rows] = torch.arange(rows.numel(), device=rows.device)  # canvas position -> its row in x
         if not self.config.shift_logits:
@@ -424,6 +426,24 @@ class DiffillForInfilling(DiffillPreTrainedModel):
             before = self._state_before_canvas(x, plan.positions, plan.cache)  # (B, 1, E)
             out = torch.where((columns == 0)[None, :, None], before, out)
         return self.lm_head(self.norm(out))  # (B, n, V)
+
+    def _canvas_layers(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn_mask: torch.Tensor | None,
+        plan: DiffillDenoisingPlan, slots: torch.LongTensor,
+    ) -> torch.Tensor:
+        """Canvas rows x (B, r, E) through every block, their keys and values written into the plan's buffers at
+        `slots` (r,): by the compiled blocks where they take the call, else eagerly (and from then on, if they fail:
+        the eager blocks write every slot the failed call may have written)."""
+        compiled = getattr(self, "compiled_layers", None)
+        if compiled is not None and compiled.accepts(x, attn_mask, plan.keys):
+            try:
+                return compiled(x, cos, sin, slots, plan.keys, plan.values)
+            except RuntimeError as error:
+                logger.warning("the compiled layers failed (%s); the layers run eagerly from now on", error)
+                self.compiled_layers = None
+        for block, keys, values in zip(self.layers, plan.keys, plan.values):
+            x, _, _ = block(x, cos, sin, attn_mask, (keys, values), slots)
+        return x
 
     def canvas_rows_read(self, rows: torch.LongTensor, columns: torch.LongTensor, length: int) -> torch.LongTensor:
         """The canvas positions (r',) a step with `rows` (r,) and `columns` (n,) runs the layers over: the rows and
@@ -441,8 +461,9 @@ class DiffillForInfilling(DiffillPreTrainedModel):
     ) -> torch.Tensor:
         """Logits (B, N, V), or (B, n, V) at `columns`, from the layers run over every canvas position."""
         x = self.embed_tokens(canvas_ids)  # (B, N, E)
-        for block, keys, values in zip(self.layers, plan.keys, plan.values):
-            x, _, _ = block(x, plan.cos, plan.sin, plan.attn_mask, (keys, values))
+        N, length = canvas_ids.shape[1], plan.keys[0].shape[2]
+        slots = torch.arange(length - N, length, device=canvas_ids.device)  # (N,) the buffers' tails
+        x = self._canvas_layers(x, plan.cos, plan.sin, plan.attn_mask, plan, slots)
         if self.config.shift_logits:
             before = self._state_before_canvas(x, plan.positions, plan.cache)  # (B, 1, E)
             x = torch.cat([before, x[:, :-1]], dim=1)  # (B, N, E)

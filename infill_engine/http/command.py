@@ -131,7 +131,7 @@ def _serve_here(args: argparse.Namespace, spec: ModelSpec, limits: HttpLimits, k
     from infill_engine.interface import OpenError, open_engine
 
     try:
-        engine = open_engine(spec, args.engine)
+        engine = open_engine(spec, args.engine, serving=True)
     except OpenError as error:
         print(f"diffill http: {error}", file=sys.stderr)
         return 1

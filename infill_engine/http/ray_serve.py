@@ -199,7 +199,7 @@ def build_application(spec: ModelSpec, limits: Any, key: str | None, options: Ra
             from infill_engine.batched_fill import FillBatcher
             from infill_engine.interface import load_engine
 
-            self.engine = load_engine(spec)
+            self.engine = load_engine(spec, serving=True)
             self.batcher = FillBatcher(self.engine, options.max_batch_size)
             self.batch_sizes: Counter[int] = Counter()
             self.started = time.monotonic()

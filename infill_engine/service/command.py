@@ -101,7 +101,7 @@ def _serve(args: argparse.Namespace, spec: ModelSpec, socket: Path, tcp: tuple[s
         token = _token(args, tcp, create=True)
         listeners.append(listen_tcp(*tcp))
     try:
-        engine = load_engine(spec)
+        engine = load_engine(spec, serving=True)
     except Exception as failure:  # noqa: BLE001 - reported to whoever started us, through the log
         logger.exception("the model could not be loaded")
         print(f"diffill engine: the model could not be loaded: {failure}", file=sys.stderr)

@@ -1,0 +1,301 @@
+"""The embedded model's layers over a denoising step's canvas rows, compiled ahead of time for this CPU (issue 12).
+
+A denoising step runs six small transformer blocks over a few canvas positions (13 on average for a single line):
+per layer two RMSNorms, the rotary, views, attention over the plan's keys/values buffer and three matrix products,
+each a separate PyTorch operator with its Python and dispatch overhead. `torch.export` traces the blocks once into
+one graph (batch, rows and buffer length dynamic) and AOTInductor compiles it to a shared library with the weights
+frozen in (`torch._inductor.aoti_compile_and_package`): one call per step instead of about 150 operators.
+
+Compiling takes 20-40 s of one core, so it never runs inside a fill: `compile_layers` writes a package file
+(atomically) into a cache directory, keyed by what the library depends on (the weights' digest, the model's config,
+the PyTorch version and the CPU); `load_compiled_layers` loads one in 0.03 s. `CompiledLayers` runs the package
+only where it gives the eager blocks' numbers (float32 on the CPU, no attention mask, the weights it was compiled
+from unchanged, shapes within the exported range); anywhere else the model runs its blocks eagerly.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import logging
+import os
+import platform
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+logger = logging.getLogger(__name__)
+
+MAX_BATCH = 16  # canvas rows (candidates, batched requests) one compiled call takes
+MAX_ROWS = 512  # canvas positions per row
+MAX_LENGTH = 4096  # context + canvas positions of the keys/values buffers
+
+
+class _LayersStep(nn.Module):
+    """The model's blocks over canvas rows against per-layer keys/values buffers, as a function of tensors only."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        from infill_engine.packed_weights import unpack_linear_weights
+
+        self.layers = copy.deepcopy(model.layers)  # traced plain: MKL's packed layout is opaque to the export
+        unpack_linear_weights(self.layers)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor,
+                keys: tuple[torch.Tensor, ...], values: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """Hidden states (B, r, E) after every block; the rows' keys and values written into the buffers at `slots`."""
+        for block, layer_keys, layer_values in zip(self.layers, keys, values):
+            x, _, _ = block(x, cos, sin, None, (layer_keys, layer_values), slots)
+        return x
+
+
+def compile_refusal(model: nn.Module) -> str | None:
+    """Why this model's layers are not compiled ahead of time (a phrase for `diffill doctor`); None: they can be."""
+    if getattr(getattr(model, "config", None), "model_type", None) != "diffill":
+        return "only the diffill family's layers are compiled"
+    weight = model.embed_tokens.weight
+    if weight.device.type != "cpu" or weight.dtype != torch.float32:
+        return f"compiled layers need float32 weights on the CPU (these are {str(weight.dtype).removeprefix('torch.')} " \
+               f"on {weight.device.type})"
+    if not hasattr(torch._inductor, "aoti_compile_and_package"):
+        return f"this PyTorch ({torch.__version__}) has no AOTInductor packaging"
+    return None
+
+
+def _weights_digest(model: nn.Module) -> str:
+    """A digest of the layers' weights (what the package freezes in)."""
+    digest = hashlib.blake2b(digest_size=16)
+    for name, tensor in sorted(model.layers.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _cpu_name() -> str:
+    """What identifies this CPU's instruction set for compiled code."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return hashlib.blake2b(line.encode(), digest_size=8).hexdigest()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def package_key(model: nn.Module) -> str:
+    """The package's file name for this model, PyTorch and CPU."""
+    config = json.dumps(model.config.to_dict(), sort_keys=True, default=str)
+    digest = hashlib.blake2b(digest_size=12)
+    for part in (_weights_digest(model), config, torch.__version__, _cpu_name(), platform.machine()):
+        digest.update(part.encode())
+    return f"layers-{digest.hexdigest()}.pt2"
+
+
+def default_cache_dir() -> Path:
+    """Where compiled packages live: $DIFFILL_CACHE or ~/.cache/diffill, then `compiled-layers`."""
+    root = os.environ.get("DIFFILL_CACHE") or os.path.join(os.environ.get("XDG_CACHE_HOME") or
+                                                           os.path.expanduser("~/.cache"), "diffill")
+    return Path(root) / "compiled-layers"
+
+
+def _example(model: nn.Module) -> tuple[Any, ...]:
+    """Example inputs for the export: batch 2 and 3 rows, so that neither is specialised to 1."""
+    config = model.config
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads or config.num_attention_heads
+    head_dim = config.hidden_size // heads
+    batch, rows, length = 2, 3, 8
+    x = torch.randn(batch, rows, config.hidden_size)
+    cos, sin = torch.randn(batch, rows, 1, head_dim), torch.randn(batch, rows, 1, head_dim)
+    slots = torch.arange(length - rows, length)
+    keys = tuple(torch.randn(batch, kv_heads, length, head_dim) for _ in model.layers)
+    values = tuple(torch.randn(batch, kv_heads, length, head_dim) for _ in model.layers)
+    return x, cos, sin, slots, keys, values
+
+
+@torch.no_grad()
+def compile_layers(model: nn.Module, cache_dir: Path | None = None) -> Path:
+    """Export and compile the model's blocks for this CPU into the cache (20-40 s); the package's path."""
+    import torch._inductor.config as inductor_config
+    from torch.export import Dim
+
+    refusal = compile_refusal(model)
+    if refusal is not None:
+        raise ValueError(f"cannot compile this model's layers: {refusal}")
+    cache_dir = cache_dir or default_cache_dir()
+    target = cache_dir / package_key(model)
+    if target.exists():
+        return target
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    batch, rows = Dim("batch", min=1, max=MAX_BATCH), Dim("rows", min=1, max=MAX_ROWS)
+    length = Dim("length", min=2, max=MAX_LENGTH)
+    buffers = tuple({0: batch, 2: length} for _ in model.layers)
+    dynamic = ({0: batch, 1: rows}, {0: batch, 1: rows}, {0: batch, 1: rows}, {0: rows}, buffers, buffers)
+    step = _LayersStep(model).eval()
+    exported = torch.export.export(step, _example(model), dynamic_shapes=dynamic, strict=False)
+    staging = cache_dir / f".{os.getpid()}.{target.name}"  # must end in .pt2
+    # freezing: the weights become constants, laid out for inductor's kernels. One thread in the generated kernels
+    # (the norms, rotary and adds over a few rows), whatever this process has: otherwise the count is baked into
+    # the library; its matrix products and attention call torch's own, which use the threads of the process.
+    try:
+        with inductor_config.patch({"freezing": True, "cpp.threads": 1}):
+            torch._inductor.aoti_compile_and_package(exported, package_path=str(staging))
+        os.replace(staging, target)  # whole or not at all: a reader never sees a half-written package
+    finally:
+        staging.unlink(missing_ok=True)
+    return target
+
+
+class CompiledLayers:
+    """A loaded package of a model's blocks, run where it gives the eager blocks' numbers."""
+
+    def __init__(self, runner: Any, model: nn.Module, path: Path):
+        self.runner = runner
+        self.path = path
+        self.weights = [(p.data_ptr(), p._version) for p in model.layers.parameters()]
+        self.layers = model.layers
+        self.calls = 0  # steps run compiled
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> None:
+        """A copied model runs its blocks eagerly (its weights may be changed after the copy)."""
+        return None
+
+    def accepts(self, x: torch.Tensor, attn_mask: torch.Tensor | None, keys: tuple[torch.Tensor, ...]) -> bool:
+        """Whether this call can run compiled: float32 CPU inference, unmasked, in range, the same weights, and no
+        dispatch mode watching the operators (FLOP counting, fake tensors, tracing: they see the eager ones)."""
+        if attn_mask is not None or torch.is_grad_enabled() or x.dtype != torch.float32 or x.device.type != "cpu":
+            return False
+        if _get_current_dispatch_mode() is not None:
+            return False
+        batch, rows, _ = x.shape
+        if not (1 <= batch <= MAX_BATCH and 1 <= rows <= MAX_ROWS and keys[0].shape[2] <= MAX_LENGTH):
+            return False
+        if any(k.shape[0] != batch or not k.is_contiguous() for k in keys):
+            return False
+        return [(p.data_ptr(), p._version) for p in self.layers.parameters()] == self.weights
+
+    def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor,
+                 keys: tuple[torch.Tensor, ...], values: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """Hidden states (B, r, E) after every block, the rows' keys and values written into the buffers."""
+        self.calls += 1
+        return self.runner(x.contiguous(), cos.contiguous(), sin.contiguous(), slots.contiguous(), keys, values)
+
+
+def load_compiled_layers(model: nn.Module, cache_dir: Path | None = None) -> CompiledLayers | None:
+    """The model's compiled blocks from the cache, if a package for this model, PyTorch and CPU is there."""
+    if compile_refusal(model) is not None:
+        return None
+    path = (cache_dir or default_cache_dir()) / package_key(model)
+    if not path.exists():
+        return None
+    try:
+        runner = torch._inductor.aoti_load_package(str(path))
+    except Exception as error:  # a package from a damaged or foreign cache: run eagerly
+        logger.warning("%s: compiled layers not loaded (%s); the layers run eagerly", path, error)
+        return None
+    return CompiledLayers(runner, model, path)
+
+
+def _lock_holder(lock: Path) -> int | None:
+    """The pid of a live compile that holds `lock`, else None (no lock, or its process is gone)."""
+    try:
+        pid = int(lock.read_text().strip() or 0)
+    except (OSError, ValueError):
+        return None
+    if pid <= 0:
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        return pid
+    return pid
+
+
+def _take_lock(lock: Path) -> bool:
+    """Create `lock` holding this process's pid; False when a live process holds it (a stale one is taken over)."""
+    for _ in range(2):
+        try:
+            descriptor = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            if _lock_holder(lock) is not None:
+                return False
+            lock.unlink(missing_ok=True)  # its process is gone
+            continue
+        with os.fdopen(descriptor, "w") as handle:
+            handle.write(str(os.getpid()))
+        return True
+    return False
+
+
+class BackgroundCompile:
+    """`diffill compile` of a model's layers in a child process at the lowest CPU priority, loaded when it is done.
+
+    One compile per package at a time on a machine (a lock file beside the package names its pid); a compile that
+    failed leaves a `.failed` file with its log, and servers do not try it again (`diffill compile` does)."""
+
+    def __init__(self, model: nn.Module, command: list[str], cache_dir: Path | None = None):
+        self.model = model
+        self.cache_dir = cache_dir or default_cache_dir()
+        self.key = package_key(model)
+        self.path = self.cache_dir / self.key
+        self.process: Any = None
+        self.state = "not started"
+        self.command = [*command, "--background", "--expect-key", self.key, "--cache-dir", str(self.cache_dir)]
+
+    @property
+    def failed_marker(self) -> Path:
+        """Where a failed compile's log is kept."""
+        return self.path.with_suffix(".failed")
+
+    def start(self) -> bool:
+        """Start the child unless the package exists, a compile of it runs or failed before; whether one runs now."""
+        import subprocess
+
+        if self.path.exists():
+            self.state = "cached"
+            return False
+        if self.failed_marker.exists():
+            self.state = f"failed before (see {self.failed_marker}; `diffill compile` tries again)"
+            return False
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        lock = self.path.with_suffix(".lock")
+        if not _take_lock(lock):
+            self.state = f"being compiled by process {_lock_holder(lock)}"
+            return False
+        environment = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "1", "OMP_NUM_THREADS": "1"}
+        try:
+            with open(self.path.with_suffix(".log"), "w") as log:  # the child's output, kept if it fails
+                self.process = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                                env=environment, start_new_session=True)
+        except OSError:
+            lock.unlink(missing_ok=True)
+            raise
+        lock.write_text(str(self.process.pid))
+        self.state = f"compiling in process {self.process.pid}"
+        logger.info("compiling the model's layers for this CPU in the background (process %d) into %s",
+                    self.process.pid, self.path)
+        return True
+
+    def poll(self) -> CompiledLayers | None:
+        """The compiled layers once the child has written them (None before, and after a failure)."""
+        if self.process is None or self.process.poll() is None:
+            return None
+        status, self.process = self.process.returncode, None
+        self.path.with_suffix(".lock").unlink(missing_ok=True)
+        log = self.path.with_suffix(".log")
+        if status != 0:
+            text = log.read_text(errors="replace")[-4000:] if log.exists() else ""
+            self.failed_marker.write_text(f"exit status {status}\n{text}")
+            self.state = f"failed (exit status {status}; see {self.failed_marker})"
+            logger.warning("compiling the model's layers failed (exit status %d); they run eagerly: %s", status,
+                           text.strip().splitlines()[-1:] or "")
+            return None
+        log.unlink(missing_ok=True)
+        compiled = load_compiled_layers(self.model, self.cache_dir)
+        self.state = "loaded" if compiled is not None else "compiled, but the package did not load"
+        return compiled

@@ -1,0 +1,189 @@
+"""The embedded model's layers compiled ahead of time for this CPU (`infill_engine/compiled_layers.py`): the eager
+layers' fills, eager wherever the package would not give the same numbers, never a damaged or half-written package,
+and a server's compile in the background used once it is done."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from infill_engine.compiled_layers import (
+    BackgroundCompile,
+    compile_layers,
+    default_cache_dir,
+    load_compiled_layers,
+    package_key,
+)
+from infill_engine.engine import InfillEngine, InfillRequest
+from infill_engine.interface import ModelSpec, load_engine
+from tests import tiny_models
+
+REQUESTS = [
+    InfillRequest("def add(a, b):\n    return ", "\n\nprint(add(1, 2))\n", "python", max_tokens=12, single_line=True),
+    InfillRequest("def mean(values):\n    total = sum(values)\n", "\n", "python", max_tokens=16, candidates=2),
+]
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Each test's own package cache ($DIFFILL_CACHE)."""
+    monkeypatch.setenv("DIFFILL_CACHE", str(tmp_path / "cache"))
+    return default_cache_dir()
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny diffill checkpoint read the embedded model's way (causal context, shifted logits)."""
+    return tiny_models.build_diffill(tmp_path_factory.mktemp("compiled") / "diffill", seed=3, layers=3,
+                                     causal_context=True, shift_logits=True)
+
+
+@pytest.fixture(scope="module")
+def package(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model's layers compiled once for the module (a package file)."""
+    engine = InfillEngine.load(ModelSpec(path=str(model_dir), device="cpu", compiled_layers="off"))
+    return compile_layers(engine.denoiser.model, tmp_path_factory.mktemp("packages"))
+
+
+def _engines(model_dir: Path, package: Path, cache: Path) -> tuple[InfillEngine, InfillEngine]:
+    """The tiny model eager, and loaded again with its package in the cache."""
+    cache.mkdir(parents=True, exist_ok=True)
+    (cache / package.name).write_bytes(package.read_bytes())
+    eager = InfillEngine.load(ModelSpec(path=str(model_dir), device="cpu", compiled_layers="off"))
+    compiled = InfillEngine.load(ModelSpec(path=str(model_dir), device="cpu"))
+    return eager, compiled
+
+
+def test_compiled_layers_fill_as_the_eager_ones(model_dir, package, cache):
+    eager, compiled = _engines(model_dir, package, cache)
+    layers = compiled.denoiser.model.compiled_layers
+    assert layers is not None and compiled.denoiser.compiled_layers_state.startswith("loaded")
+    assert eager.denoiser.model.compiled_layers is None and eager.denoiser.compiled_layers_state == "off"
+    for request in REQUESTS:
+        expected, got = eager.fill(request), compiled.fill(request)
+        assert [c.text for c in got.candidates] == [c.text for c in expected.candidates]
+        assert got.stats.forward_passes == expected.stats.forward_passes
+    assert layers.calls > 0  # the steps ran compiled
+    # one step's logits, whole canvas and some rows only, agree with the eager layers'
+    model, reference = compiled.denoiser.model, eager.denoiser.model
+    context = torch.randint(5, model.config.vocab_size, (1, 30))
+    canvas = torch.randint(5, model.config.vocab_size, (2, 10))
+    positions = torch.arange(30, 40)[None].expand(2, -1)
+    results = []
+    for m in (reference, model):
+        plan = m.plan_denoising(positions, m.encode_context(context, torch.arange(30)[None]))
+        whole = m.denoise_planned(canvas, plan)
+        rows = m.denoise_planned(canvas, plan, columns=torch.tensor([2, 5]), rows=torch.tensor([2, 3, 5]))
+        results.append((whole, rows))
+    for expected, got in zip(*results):
+        torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_changed_weights_and_padded_batches_run_eagerly(model_dir, package, cache):
+    eager, compiled = _engines(model_dir, package, cache)
+    model, reference = compiled.denoiser.model, eager.denoiser.model
+    layers = model.compiled_layers
+    context = torch.randint(5, model.config.vocab_size, (1, 20))
+    canvas = torch.randint(5, model.config.vocab_size, (2, 8))
+    positions = torch.arange(20, 28)[None].expand(2, -1)
+    padding = torch.ones(2, 8, dtype=torch.bool)
+    padding[1, 6:] = False  # two canvases of different lengths in one batch: an attention mask
+
+    def logits(m, known=None):
+        return m.denoise_planned(canvas, m.plan_denoising(positions, m.encode_context(context, torch.arange(20)[None]),
+                                                          known))
+
+    calls = layers.calls
+    torch.testing.assert_close(logits(model, padding), logits(reference, padding), atol=1e-5, rtol=1e-5)
+    assert layers.calls == calls  # masked: eager
+    counted = []
+    for m in (model, reference):  # `diffill bench fill` counts a step's FLOPs: the compiled call would hide them
+        with FlopCounterMode(display=False) as counter:
+            logits(m)
+        counted.append(counter.get_total_flops())
+    assert counted[0] == counted[1] > 0 and layers.calls == calls
+    logits(model)
+    assert layers.calls == calls + 1  # unmasked, unwatched: compiled
+    calls = layers.calls
+    with torch.no_grad():
+        for m in (model, reference):  # the same change to both: the package holds the old weights
+            m.layers[0].mlp.down_proj.weight.add_(0.05)
+    torch.testing.assert_close(logits(model), logits(reference), atol=1e-5, rtol=1e-5)
+    assert layers.calls == calls  # changed weights: eager
+
+
+def test_a_damaged_package_is_not_used(model_dir, cache, caplog):
+    engine = InfillEngine.load(ModelSpec(path=str(model_dir), device="cpu", compiled_layers="off"))
+    cache.mkdir(parents=True)
+    (cache / package_key(engine.denoiser.model)).write_bytes(b"not a package")
+    assert load_compiled_layers(engine.denoiser.model) is None
+    assert "run eagerly" in caplog.text
+    again = InfillEngine.load(ModelSpec(path=str(model_dir), device="cpu"))
+    assert again.denoiser.model.compiled_layers is None
+    assert again.fill(REQUESTS[0]).candidates  # fills go on, eagerly
+
+
+def test_the_compile_command_and_its_refusals(model_dir, cache):
+    bf16 = subprocess.run([sys.executable, "-m", "diffill", "compile", "--model", str(model_dir), "--dtype",
+                           "bfloat16"], capture_output=True, text=True, timeout=300)
+    assert bf16.returncode == 1
+    assert "nothing to compile" in bf16.stderr and "float32" in bf16.stderr
+    bad = subprocess.run([sys.executable, "-m", "diffill", "fill", "-", "--compiled-layers", "always"],
+                         capture_output=True, text=True, input="x = ", timeout=300)
+    assert bad.returncode == 2 and "auto" in bad.stderr and "off" in bad.stderr
+    with pytest.raises(ValueError, match="allowed: auto, off"):
+        ModelSpec(compiled_layers="always")
+
+
+def test_a_server_compiles_in_the_background_and_then_uses_the_package(model_dir, cache):
+    first = load_engine(ModelSpec(path=str(model_dir), device="cpu"), serving=True)
+    denoiser = first.denoiser
+    job = denoiser.background_compile
+    assert job is not None and denoiser.compiled_layers_state.startswith("compiling in process")
+    second = load_engine(ModelSpec(path=str(model_dir), device="cpu"), serving=True)  # another server meanwhile
+    assert second.denoiser.background_compile is None
+    assert second.denoiser.compiled_layers_state.startswith("being compiled by process")
+    deadline = time.monotonic() + 600
+    while job.process is not None and job.process.poll() is None and time.monotonic() < deadline:
+        first.fill(REQUESTS[0])  # fills go on, eagerly, while it compiles
+        time.sleep(0.5)
+    assert first.denoiser.model.compiled_layers is None  # not swapped in behind a fill's back
+    first.fill(REQUESTS[0])  # the next fill takes it
+    assert denoiser.background_compile is None and denoiser.compiled_layers_state == "loaded"
+    assert denoiser.model.compiled_layers is not None and denoiser.model.compiled_layers.calls > 0
+    assert sorted(p.name for p in cache.iterdir()) == [package_key(denoiser.model)]  # no lock, log or staging
+    third = load_engine(ModelSpec(path=str(model_dir), device="cpu"), serving=True)  # a later start: cached
+    assert third.denoiser.background_compile is None and third.denoiser.model.compiled_layers is not None
+
+
+def test_a_failed_background_compile_is_not_tried_again(model_dir, cache):
+    engine = InfillEngine.load(ModelSpec(path=str(model_dir), device="cpu", compiled_layers="off"))
+    failing = [sys.executable, "-c", "import sys; print('no compiler here'); sys.exit(3)"]
+    job = BackgroundCompile(engine.denoiser.model, failing)
+    assert job.start()
+    job.process.wait(timeout=60)
+    assert job.poll() is None and "failed (exit status 3" in job.state
+    assert "no compiler here" in job.failed_marker.read_text()
+    assert not job.path.exists() and not job.path.with_suffix(".lock").exists()
+    again = BackgroundCompile(engine.denoiser.model, failing)
+    assert not again.start() and again.state.startswith("failed before")
+
+
+def test_compiled_layers_that_fail_give_way_to_the_eager_ones(model_dir, package, cache, caplog):
+    eager, compiled = _engines(model_dir, package, cache)
+
+    def broken(*inputs):
+        raise RuntimeError("the library could not run")
+
+    compiled.denoiser.model.compiled_layers.runner = broken
+    for request in REQUESTS:
+        expected, got = eager.fill(request), compiled.fill(request)
+        assert [c.text for c in got.candidates] == [c.text for c in expected.candidates]
+    assert compiled.denoiser.model.compiled_layers is None
+    assert "run eagerly from now on" in caplog.text
