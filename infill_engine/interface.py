@@ -42,8 +42,10 @@ MAX_GROW = 64
 DEFAULT_DUAL_CACHE = 0
 # The embedded model on the CPU in float32: its layers compiled ahead of time for this CPU (infill_engine/
 # compiled_layers.py). auto: a package in the cache is used, and a server compiles a missing one in the background at
-# the lowest priority; off: the layers always run eagerly.
+# the lowest priority; off: the layers always run eagerly. Off by default: fills gain 5-8 %, but through LSP the
+# ghost text came 1-3 ms later at p50 (docs/BENCHMARKS.md, "Layers compiled ahead of time").
 COMPILED_LAYERS = ("auto", "off")
+DEFAULT_COMPILED_LAYERS = "off"
 # Servers: fills sharing forward passes at once (infill_engine.batched_fill; `diffill http --max-batch-size`), and on
 # Ray Serve the requests handed to a replica together.
 DEFAULT_MAX_BATCH_SIZE = 8
@@ -63,7 +65,7 @@ class ModelSpec:
     factory: str | None = None  # "module:function" building the engine from this spec instead (tests, demos)
     threads: int = field(default=0, compare=False)  # CPU threads for torch; 0: leave torch's choice
     dual_cache: int = DEFAULT_DUAL_CACHE  # llada/dream: refresh the prefix/suffix keys and values every N steps; 0: off
-    compiled_layers: str = "auto"  # one of COMPILED_LAYERS: the embedded model's layers compiled for this CPU
+    compiled_layers: str = DEFAULT_COMPILED_LAYERS  # one of COMPILED_LAYERS: the blocks compiled for this CPU
 
     def __post_init__(self) -> None:
         if self.family is not None and self.family not in FAMILIES:
@@ -291,17 +293,17 @@ def add_model_options(parser: argparse.ArgumentParser, *, threads: str | None = 
                              "once; `diffill models` lists known ones) (default: the embedded model)")
     parser.add_argument("--family", choices=FAMILIES, help="override the family read from config.json")
     parser.add_argument("--device", default="auto", help=f"{DEVICES_HELP} (default: auto)")
-    parser.add_argument("--dtype", default="auto", choices=DTYPES, help="(default: auto)")
+    parser.add_argument("--dtype", default="auto", choices=DTYPES, help=f"(default: {DEFAULT_COMPILED_LAYERS})")
     parser.add_argument("--trust-remote-code", action="store_true",
                         help="allow a checkpoint's own modelling code (off by default)")
     parser.add_argument("--dual-cache", type=int, default=DEFAULT_DUAL_CACHE, metavar="N",
                         help="llada and dream models: reuse the prefix's and suffix's keys and values, computed again "
                              f"every N steps (4 was measured); 0 runs the whole sequence every step "
                              f"(default: {DEFAULT_DUAL_CACHE})")
-    parser.add_argument("--compiled-layers", default="auto", choices=COMPILED_LAYERS,
+    parser.add_argument("--compiled-layers", default=DEFAULT_COMPILED_LAYERS, choices=COMPILED_LAYERS,
                         help="the embedded model on the CPU: run its layers compiled for this CPU when `diffill "
                              "compile` (or a server, in the background) has cached them; off: always eagerly "
-                             "(default: auto)")
+                             f"(default: {DEFAULT_COMPILED_LAYERS})")
     if factory:
         parser.add_argument("--engine-factory", metavar="MODULE:FUNCTION",
                             help="build the engine with FUNCTION(spec) from MODULE instead of loading a checkpoint "
@@ -316,5 +318,5 @@ def model_spec_from_args(args: argparse.Namespace, **overrides: Any) -> ModelSpe
                      trust_remote_code=args.trust_remote_code, factory=getattr(args, "engine_factory", None),
                      threads=getattr(args, "threads", 0) or 0,
                      dual_cache=getattr(args, "dual_cache", DEFAULT_DUAL_CACHE),
-                     compiled_layers=getattr(args, "compiled_layers", "auto"))
+                     compiled_layers=getattr(args, "compiled_layers", DEFAULT_COMPILED_LAYERS))
     return replace(spec, **overrides) if overrides else spec

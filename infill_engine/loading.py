@@ -20,7 +20,11 @@ if TYPE_CHECKING:  # the adapters import torch; loading's constants and checks m
 
 logger = logging.getLogger(__name__)
 
-from infill_engine.interface import DEFAULT_DUAL_CACHE, FAMILIES  # noqa: E402 - one list of families, torch-free
+from infill_engine.interface import (  # noqa: E402 - one list of families, torch-free
+    DEFAULT_COMPILED_LAYERS,
+    DEFAULT_DUAL_CACHE,
+    FAMILIES,
+)
 # model_type (lower case) -> family, for the checkpoints we know
 KNOWN_MODEL_TYPES = {
     "diffill": "diffill",
@@ -208,7 +212,7 @@ def load_denoiser(
     dtype: str = "auto",
     trust_remote_code: bool = False,
     dual_cache: int = DEFAULT_DUAL_CACHE,
-    compiled_layers: str = "auto",
+    compiled_layers: str = DEFAULT_COMPILED_LAYERS,
 ) -> "Denoiser":
     """Load a checkpoint directory or hub id (the shipped model when `path` is None) behind its family's adapter;
     `dual_cache` N >= 1: llada and dream models refresh their prefix/suffix keys and values every N steps;

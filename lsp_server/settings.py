@@ -16,6 +16,7 @@ from typing import Any
 
 from infill_engine.interface import (
     COMPILED_LAYERS,
+    DEFAULT_COMPILED_LAYERS,
     DEFAULT_DUAL_CACHE,
     DEFAULT_KEEP_ABOVE,
     DTYPES,
@@ -137,7 +138,7 @@ class ModelSettings:
     trust_remote_code: bool = _setting(False, _boolean)  # run a checkpoint's own modelling code (never by default)
     threads: int = _setting(0, _integer(0, 256))  # CPU threads for torch; 0: half the cores, at least one
     dual_cache: int = _setting(DEFAULT_DUAL_CACHE, _integer(0, 1024))  # llada/dream: cache refreshed every N steps; 0 off
-    compiled_layers: str = _setting("auto", _choice(*COMPILED_LAYERS))  # embedded model on the CPU: compiled layers
+    compiled_layers: str = _setting(DEFAULT_COMPILED_LAYERS, _choice(*COMPILED_LAYERS))  # embedded model, CPU: compiled
 
     def spec(self, factory: str | None = None) -> ModelSpec:
         """The engine's ModelSpec of these settings (`factory`: `diffill serve --engine-factory`)."""

@@ -56,7 +56,7 @@ def _engines(model_dir: Path, package: Path, cache: Path) -> tuple[InfillEngine,
     cache.mkdir(parents=True, exist_ok=True)
     (cache / package.name).write_bytes(package.read_bytes())
     eager = InfillEngine.load(ModelSpec(path=str(model_dir), device="cpu", compiled_layers="off"))
-    compiled = InfillEngine.load(ModelSpec(path=str(model_dir), device="cpu"))
+    compiled = InfillEngine.load(ModelSpec(path=str(model_dir), device="cpu", compiled_layers="auto"))
     return eager, compiled
 
 
@@ -124,7 +124,7 @@ def test_a_damaged_package_is_not_used(model_dir, cache, caplog):
     (cache / package_key(engine.denoiser.model)).write_bytes(b"not a package")
     assert load_compiled_layers(engine.denoiser.model) is None
     assert "run eagerly" in caplog.text
-    again = InfillEngine.load(ModelSpec(path=str(model_dir), device="cpu"))
+    again = InfillEngine.load(ModelSpec(path=str(model_dir), device="cpu", compiled_layers="auto"))
     assert again.denoiser.model.compiled_layers is None
     assert again.fill(REQUESTS[0]).candidates  # fills go on, eagerly
 
@@ -141,12 +141,24 @@ def test_the_compile_command_and_its_refusals(model_dir, cache):
         ModelSpec(compiled_layers="always")
 
 
+def test_by_default_a_server_neither_compiles_nor_loads_the_layers(model_dir, package, cache):
+    cache.mkdir(parents=True, exist_ok=True)
+    (cache / package.name).write_bytes(package.read_bytes())
+    engine = load_engine(ModelSpec(path=str(model_dir), device="cpu"), serving=True)
+    assert engine.denoiser.background_compile is None and engine.denoiser.model.compiled_layers is None
+    assert engine.denoiser.compiled_layers_state == "off"
+    (cache / package.name).unlink()
+    again = load_engine(ModelSpec(path=str(model_dir), device="cpu"), serving=True)
+    assert again.denoiser.background_compile is None and not any(cache.iterdir())
+
+
 def test_a_server_compiles_in_the_background_and_then_uses_the_package(model_dir, cache):
-    first = load_engine(ModelSpec(path=str(model_dir), device="cpu"), serving=True)
+    first = load_engine(ModelSpec(path=str(model_dir), device="cpu", compiled_layers="auto"), serving=True)
     denoiser = first.denoiser
     job = denoiser.background_compile
     assert job is not None and denoiser.compiled_layers_state.startswith("compiling in process")
-    second = load_engine(ModelSpec(path=str(model_dir), device="cpu"), serving=True)  # another server meanwhile
+    spec = ModelSpec(path=str(model_dir), device="cpu", compiled_layers="auto")
+    second = load_engine(spec, serving=True)  # another server meanwhile
     assert second.denoiser.background_compile is None
     assert second.denoiser.compiled_layers_state.startswith("being compiled by process")
     deadline = time.monotonic() + 600
@@ -158,7 +170,7 @@ def test_a_server_compiles_in_the_background_and_then_uses_the_package(model_dir
     assert denoiser.background_compile is None and denoiser.compiled_layers_state == "loaded"
     assert denoiser.model.compiled_layers is not None and denoiser.model.compiled_layers.calls > 0
     assert sorted(p.name for p in cache.iterdir()) == [package_key(denoiser.model)]  # no lock, log or staging
-    third = load_engine(ModelSpec(path=str(model_dir), device="cpu"), serving=True)  # a later start: cached
+    third = load_engine(spec, serving=True)  # a later start: cached
     assert third.denoiser.background_compile is None and third.denoiser.model.compiled_layers is not None
 
 

@@ -44,7 +44,7 @@ M.defaults = {
       trustRemoteCode = false, -- run a checkpoint's own modelling code (never by default)
       threads = 0, -- CPU threads for torch; 0: half the cores
       dualCache = 0, -- llada/dream: prefix/suffix keys and values refreshed every N steps; 0: off
-      compiledLayers = 'auto', -- embedded model on the CPU: layers compiled for this CPU once cached; 'off'
+      compiledLayers = 'off', -- embedded model on the CPU: 'auto' runs layers compiled for this CPU once cached
     },
     sampling = {
       -- steps = nil: the family's default number of forward passes per block
