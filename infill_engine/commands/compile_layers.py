@@ -11,7 +11,7 @@ from pathlib import Path
 from infill_engine.commands import UsageError
 from infill_engine.interface import add_model_options, model_spec_from_args
 
-HELP = "compile the model's layers for this CPU (once; fills then use them)"
+HELP = "compile the model's layers for this CPU (once; --compiled-layers auto then runs them)"
 
 
 def add_arguments(compile_parser: argparse.ArgumentParser) -> None:
