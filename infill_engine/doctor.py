@@ -6,11 +6,15 @@ import platform
 from pathlib import Path
 from typing import Any
 
+from infill_engine.interface import DEFAULT_COMPILED_LAYERS
+
 
 def diagnose(
-    model: str | None, family: str | None, device: str, dtype: str, trust_remote_code: bool
+    model: str | None, family: str | None, device: str, dtype: str, trust_remote_code: bool,
+    compiled_layers: str = DEFAULT_COMPILED_LAYERS,
 ) -> dict[str, dict[str, Any]]:
-    """A report per part: runtime, device, model, tokenizer, grammars; each with `ok`."""
+    """A report per part: runtime, device, model, tokenizer, grammars; each with `ok` (`compiled_layers`: whether
+    the model's compiled layers are looked for, as `--compiled-layers` says)."""
     import torch
     import transformers
 
@@ -50,7 +54,7 @@ def diagnose(
                                    needs_remote_code=info.needs_remote_code,
                                    **({"loaded_as": "Qwen2, bidirectional"} if info.reads_as_qwen2 else {}))
             denoiser = load_denoiser(path, family=family, device=device, dtype=dtype,
-                                     trust_remote_code=trust_remote_code)
+                                     trust_remote_code=trust_remote_code, compiled_layers=compiled_layers)
             special = denoiser.special
             report["model"].update(
                 ok=True, parameters=sum(p.numel() for p in denoiser.model.parameters()), noise=denoiser.noise,

@@ -20,6 +20,7 @@ from infill_engine.compiled_layers import (
     load_compiled_layers,
     package_key,
 )
+from infill_engine.doctor import diagnose
 from infill_engine.engine import InfillEngine, InfillRequest
 from infill_engine.interface import ModelSpec, load_engine
 from tests import tiny_models
@@ -150,6 +151,17 @@ def test_by_default_a_server_neither_compiles_nor_loads_the_layers(model_dir, pa
     (cache / package.name).unlink()
     again = load_engine(ModelSpec(path=str(model_dir), device="cpu"), serving=True)
     assert again.denoiser.background_compile is None and not any(cache.iterdir())
+
+
+def test_doctor_says_whether_the_compiled_layers_are_loaded(model_dir, package, cache):
+    cache.mkdir(parents=True, exist_ok=True)
+    (cache / package.name).write_bytes(package.read_bytes())
+    assert diagnose(str(model_dir), None, "cpu", "float32", False)["model"]["compiled layers"] == "off"
+    asked = diagnose(str(model_dir), None, "cpu", "float32", False, compiled_layers="auto")["model"]
+    assert asked["compiled layers"] == f"loaded ({cache / package.name})"
+    (cache / package.name).unlink()
+    missing = diagnose(str(model_dir), None, "cpu", "float32", False, compiled_layers="auto")["model"]
+    assert missing["compiled layers"].startswith("not compiled for this model")
 
 
 def test_a_server_compiles_in_the_background_and_then_uses_the_package(model_dir, cache):

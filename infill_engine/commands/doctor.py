@@ -25,7 +25,8 @@ def run(args: argparse.Namespace) -> int:
         spec = model_spec_from_args(args)
     except ValueError as error:
         raise UsageError(str(error)) from None
-    report = diagnose(spec.path, spec.family, spec.device, spec.dtype, spec.trust_remote_code)
+    report = diagnose(spec.path, spec.family, spec.device, spec.dtype, spec.trust_remote_code,
+                      compiled_layers=spec.compiled_layers)
     if args.json:
         print(json.dumps(report, indent=2))
     else:
