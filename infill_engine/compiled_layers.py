@@ -130,7 +130,11 @@ def compile_layers(model: nn.Module, cache_dir: Path | None = None) -> Path:
     cache_dir = cache_dir or default_cache_dir()
     target = cache_dir / package_key(model)
     if target.exists():
-        return target
+        try:
+            _Library(target)
+            return target
+        except Exception as error:  # damaged (a full disk, a foreign file): compiled again over it
+            logger.warning("%s does not load (%s); compiling it again", target, error)
     cache_dir.mkdir(parents=True, exist_ok=True)
     batch, rows = Dim("batch", min=1, max=MAX_BATCH), Dim("rows", min=1, max=MAX_ROWS)
     length = Dim("length", min=2, max=MAX_LENGTH)
@@ -316,12 +320,10 @@ class BackgroundCompile:
         return self.path.with_suffix(".failed")
 
     def start(self) -> bool:
-        """Start the child unless the package exists, a compile of it runs or failed before; whether one runs now."""
+        """Start the child unless a compile of the package runs or failed before; whether one runs now. (Called where
+        none loaded: a package already there is damaged, and the child compiles it again.)"""
         import subprocess
 
-        if self.path.exists():
-            self.state = "cached"
-            return False
         if self.failed_marker.exists():
             self.state = f"failed before (see {self.failed_marker}; `diffill compile` tries again)"
             return False

@@ -119,7 +119,7 @@ def test_changed_weights_and_padded_batches_run_eagerly(model_dir, package, cach
     assert layers.calls == calls  # changed weights: eager
 
 
-def test_a_damaged_package_is_not_used(model_dir, cache, caplog):
+def test_a_damaged_package_is_not_used_and_is_compiled_again(model_dir, cache, caplog):
     engine = InfillEngine.load(ModelSpec(path=str(model_dir), device="cpu", compiled_layers="off"))
     cache.mkdir(parents=True)
     (cache / package_key(engine.denoiser.model)).write_bytes(b"not a package")
@@ -128,6 +128,8 @@ def test_a_damaged_package_is_not_used(model_dir, cache, caplog):
     again = InfillEngine.load(ModelSpec(path=str(model_dir), device="cpu", compiled_layers="auto"))
     assert again.denoiser.model.compiled_layers is None
     assert again.fill(REQUESTS[0]).candidates  # fills go on, eagerly
+    compile_layers(engine.denoiser.model)  # `diffill compile` (and a server's child) compiles it again over it
+    assert load_compiled_layers(engine.denoiser.model) is not None
 
 
 def test_the_compile_command_and_its_refusals(model_dir, cache):
