@@ -8,10 +8,10 @@ frozen in (`torch._inductor.aoti_compile_and_package`): one call per step instea
 
 Compiling takes 15-30 s of one core, so it never runs inside a fill: `compile_layers` writes a package file
 (atomically) into a cache directory, keyed by what the library depends on (the weights' digest, the model's config,
-the PyTorch version and the CPU); `load_compiled_layers` loads one in 0.04 s, and runs its library with the GIL
-released. `CompiledLayers` runs the package
-only where it gives the eager blocks' numbers (float32 on the CPU, no attention mask, the weights it was compiled
-from unchanged, shapes within the exported range); anywhere else the model runs its blocks eagerly.
+the PyTorch version and the CPU); `load_compiled_layers` loads one in 0.04-0.11 s and runs its library with the GIL
+released. `CompiledLayers` runs the package only where it gives the eager blocks' numbers (float32 on the CPU, no
+attention mask, the weights it was compiled from unchanged, shapes within the exported range); anywhere else the
+model runs its blocks eagerly.
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ def _example(model: nn.Module) -> tuple[Any, ...]:
 
 @torch.no_grad()
 def compile_layers(model: nn.Module, cache_dir: Path | None = None) -> Path:
-    """Export and compile the model's blocks for this CPU into the cache (20-40 s); the package's path."""
+    """Export and compile the model's blocks for this CPU into the cache (15-30 s); the package's path."""
     import torch._inductor.config as inductor_config
     from torch.export import Dim
 

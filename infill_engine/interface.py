@@ -293,7 +293,7 @@ def add_model_options(parser: argparse.ArgumentParser, *, threads: str | None = 
                              "once; `diffill models` lists known ones) (default: the embedded model)")
     parser.add_argument("--family", choices=FAMILIES, help="override the family read from config.json")
     parser.add_argument("--device", default="auto", help=f"{DEVICES_HELP} (default: auto)")
-    parser.add_argument("--dtype", default="auto", choices=DTYPES, help=f"(default: {DEFAULT_COMPILED_LAYERS})")
+    parser.add_argument("--dtype", default="auto", choices=DTYPES, help="(default: auto)")
     parser.add_argument("--trust-remote-code", action="store_true",
                         help="allow a checkpoint's own modelling code (off by default)")
     parser.add_argument("--dual-cache", type=int, default=DEFAULT_DUAL_CACHE, metavar="N",
