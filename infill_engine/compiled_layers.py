@@ -255,14 +255,19 @@ def load_compiled_layers(model: nn.Module, cache_dir: Path | None = None) -> Com
     if not path.exists():
         return None
     try:
-        runner = _Library(path)
-        expected = 4 + 2 * len(model.layers)
-        if (runner.inputs.value, runner.outputs.value) != (expected, 1):
-            raise ValueError(f"it takes {runner.inputs.value} inputs and gives {runner.outputs.value} outputs, "
-                             f"not {expected} and 1")
+        return _open_package(model, path)
     except Exception as error:  # a package from a damaged or foreign cache: run eagerly
         logger.warning("%s: compiled layers not loaded (%s); the layers run eagerly", path, error)
         return None
+
+
+def _open_package(model: nn.Module, path: Path) -> CompiledLayers:
+    """The package at `path` loaded for `model`; raises where it does not load or does not take the model's inputs."""
+    runner = _Library(path)
+    expected = 4 + 2 * len(model.layers)
+    if (runner.inputs.value, runner.outputs.value) != (expected, 1):
+        raise ValueError(f"it takes {runner.inputs.value} inputs and gives {runner.outputs.value} outputs, "
+                         f"not {expected} and 1")
     return CompiledLayers(runner, model, path)
 
 
@@ -303,7 +308,8 @@ class BackgroundCompile:
     """`diffill compile` of a model's layers in a child process at the lowest CPU priority, loaded when it is done.
 
     One compile per package at a time on a machine (a lock file beside the package names its pid); a compile that
-    failed leaves a `.failed` file with its log, and servers do not try it again (`diffill compile` does)."""
+    failed, or whose package does not load, leaves a `.failed` file with the reason, and servers do not try it again
+    (`diffill compile` does)."""
 
     def __init__(self, model: nn.Module, command: list[str], cache_dir: Path | None = None):
         self.model = model
@@ -361,6 +367,12 @@ class BackgroundCompile:
                            text.strip().splitlines()[-1:] or "")
             return None
         log.unlink(missing_ok=True)
-        compiled = load_compiled_layers(self.model, self.cache_dir)
-        self.state = "loaded" if compiled is not None else "compiled, but the package did not load"
+        try:
+            compiled = _open_package(self.model, self.path)
+        except Exception as error:  # a lasting cause (this process cannot load what it compiles): not tried again
+            self.failed_marker.write_text(f"compiled (exit status 0), but the package does not load here: {error}\n")
+            self.state = f"compiled, but the package did not load (see {self.failed_marker})"
+            logger.warning("the compiled layers do not load (%s); they run eagerly", error)
+            return None
+        self.state = "loaded"
         return compiled

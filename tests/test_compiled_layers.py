@@ -206,6 +206,21 @@ def test_a_failed_background_compile_is_not_tried_again(model_dir, cache):
     assert not again.start() and again.state.startswith("failed before")
 
 
+def test_a_compiled_package_that_does_not_load_is_not_compiled_again_at_each_start(model_dir, cache):
+    engine = InfillEngine.load(ModelSpec(path=str(model_dir), device="cpu", compiled_layers="off"))
+    writes_junk = [sys.executable, "-c", "import sys, pathlib; a = sys.argv; "
+                   "pathlib.Path(a[a.index('--cache-dir') + 1], a[a.index('--expect-key') + 1]).write_bytes(b'junk')"]
+    job = BackgroundCompile(engine.denoiser.model, writes_junk)
+    assert job.start()
+    job.process.wait(timeout=60)
+    assert job.poll() is None and job.state.startswith("compiled, but the package did not load")
+    assert "does not load here" in job.failed_marker.read_text()
+    restarted = load_engine(ModelSpec(path=str(model_dir), device="cpu", compiled_layers="auto"), serving=True)
+    assert restarted.denoiser.background_compile is None and restarted.denoiser.model.compiled_layers is None
+    assert restarted.denoiser.compiled_layers_state.startswith("failed before")
+    assert restarted.fill(REQUESTS[0]).candidates  # it fills, eagerly
+
+
 def test_compiled_layers_that_fail_give_way_to_the_eager_ones(model_dir, package, cache, caplog):
     eager, compiled = _engines(model_dir, package, cache)
 
