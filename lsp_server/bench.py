@@ -120,17 +120,23 @@ def model_work(servers: Sequence[Server]) -> dict[str, Any]:
 def answer_ms_by_outcome(statuses: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """For answers with items, by where they came from (ok: the request's own fill; cache; through: a fill the keys
     were typed through), how many, the server's ms from request to answer (p50, p95) and, of answers whose own fill
-    ran, the engine's ms of that fill (p50: the rest is the server's own work and waiting)."""
+    ran, the engine's ms of that fill (p50) and the server's ms outside it, request by request (p50, p95: its own
+    work and waiting)."""
     by_outcome: dict[str, list[float]] = {}
     model_ms: dict[str, list[float]] = {}
+    outside_ms: dict[str, list[float]] = {}
     for status in statuses:
         if int(status.get("items") or 0) > 0:
             outcome = str(status.get("outcome"))
-            by_outcome.setdefault(outcome, []).append(float(status.get("ms") or 0.0))
+            ms = float(status.get("ms") or 0.0)
+            by_outcome.setdefault(outcome, []).append(ms)
             if float(status.get("model_ms") or 0.0) > 0:
                 model_ms.setdefault(outcome, []).append(float(status["model_ms"]))
+                outside_ms.setdefault(outcome, []).append(ms - float(status["model_ms"]))
     return {outcome: {"answers": len(ms), "p50_ms": percentile(ms, 0.5), "p95_ms": percentile(ms, 0.95),
-                      **({"model_p50_ms": percentile(model_ms[outcome], 0.5)} if outcome in model_ms else {})}
+                      **({"model_p50_ms": percentile(model_ms[outcome], 0.5),
+                          "outside_model_p50_ms": percentile(outside_ms[outcome], 0.5),
+                          "outside_model_p95_ms": percentile(outside_ms[outcome], 0.95)} if outcome in model_ms else {})}
             for outcome, ms in sorted(by_outcome.items())}
 
 
@@ -222,7 +228,9 @@ def lsp_table(report: dict[str, Any]) -> str:
         f"from the key's own answer {ghost['from_answers']}, kept by typing ahead {ghost['kept_by_typing_ahead']}",
         f"time to ghost text: p50 {ghost['p50_ms']} ms, p95 {ghost['p95_ms']} ms; in the server, answers with items "
         f"by outcome: " + ", ".join(f"{outcome} {v['answers']} (p50 {v['p50_ms']} / p95 {v['p95_ms']} ms"
-                                    + (f", engine p50 {v['model_p50_ms']} ms" if "model_p50_ms" in v else "") + ")"
+                                    + (f", engine p50 {v['model_p50_ms']} ms, outside it p50 "
+                                       f"{v['outside_model_p50_ms']} / p95 {v['outside_model_p95_ms']} ms"
+                                       if "model_p50_ms" in v else "") + ")"
                                     for outcome, v in report["server_ms_by_outcome"].items()),
         f"answers: {report['answers']}; server outcomes: {report['status_outcomes']}",
         f"from cache: {report['cache_share']}; denoising steps {report['denoising_steps']}, thrown away "

@@ -44,7 +44,7 @@ def serve_command(spec: ModelSpec, socket: Path, idle_timeout: float) -> list[st
         command += ["--engine-factory", spec.factory]
     if spec.threads:
         command += ["--threads", str(spec.threads)]
-    command += ["--dual-cache", str(spec.dual_cache)]
+    command += ["--dual-cache", str(spec.dual_cache), "--compiled-layers", spec.compiled_layers]
     return command
 
 
