@@ -42,10 +42,26 @@ MAX_GROW = 64
 DEFAULT_DUAL_CACHE = 0
 # The embedded model on the CPU in float32: its layers compiled ahead of time for this CPU (infill_engine/
 # compiled_layers.py). auto: a package in the cache is used, and a server compiles a missing one in the background at
-# the lowest priority; off: the layers always run eagerly. Off by default: fills gain 5-8 %, but through LSP the
-# ghost text came 1-3 ms later at p50 (docs/BENCHMARKS.md, "Layers compiled ahead of time").
+# the lowest priority; off: the layers always run eagerly. auto by default: ghost text through LSP 2.2 ms sooner at
+# p50 (5 %), fills 5-10 % faster (docs/BENCHMARKS.md, "Layers compiled ahead of time"). $DIFFILL_COMPILED_LAYERS
+# sets a machine's default (off where nothing should compile: CI, a read-only home); options and settings win.
 COMPILED_LAYERS = ("auto", "off")
-DEFAULT_COMPILED_LAYERS = "off"
+COMPILED_LAYERS_ENV = "DIFFILL_COMPILED_LAYERS"
+
+
+def _default_compiled_layers() -> str:
+    """auto, or what $DIFFILL_COMPILED_LAYERS says (off, with a warning, for a value that is neither)."""
+    value = os.environ.get(COMPILED_LAYERS_ENV, "").strip().lower()
+    if not value:
+        return "auto"
+    if value not in COMPILED_LAYERS:
+        logger.warning("%s=%r is not one of %s; the layers run eagerly (off)", COMPILED_LAYERS_ENV,
+                       os.environ[COMPILED_LAYERS_ENV], ", ".join(COMPILED_LAYERS))
+        return "off"
+    return value
+
+
+DEFAULT_COMPILED_LAYERS = _default_compiled_layers()
 # Servers: fills sharing forward passes at once (infill_engine.batched_fill; `diffill http --max-batch-size`), and on
 # Ray Serve the requests handed to a replica together.
 DEFAULT_MAX_BATCH_SIZE = 8
@@ -303,7 +319,7 @@ def add_model_options(parser: argparse.ArgumentParser, *, threads: str | None = 
     parser.add_argument("--compiled-layers", default=DEFAULT_COMPILED_LAYERS, choices=COMPILED_LAYERS,
                         help="the embedded model on the CPU: run its layers compiled for this CPU when `diffill "
                              "compile` (or a server, in the background) has cached them; off: always eagerly "
-                             f"(default: {DEFAULT_COMPILED_LAYERS})")
+                             f"(default: {DEFAULT_COMPILED_LAYERS}; ${COMPILED_LAYERS_ENV} sets it)")
     if factory:
         parser.add_argument("--engine-factory", metavar="MODULE:FUNCTION",
                             help="build the engine with FUNCTION(spec) from MODULE instead of loading a checkpoint "

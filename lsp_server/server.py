@@ -402,10 +402,8 @@ def serve(tcp: tuple[str, int] | None = None, model: ModelSpec | None = None, en
     """Run the server until the client exits: over stdio, or on a TCP (host, port)."""
     spec = model or ModelSpec()
     defaults = Settings()
-    SERVER.base_settings = replace(defaults, model=ModelSettings(
-        path=spec.path, family=spec.family, device=spec.device, dtype=spec.dtype,
-        trust_remote_code=spec.trust_remote_code, threads=spec.threads, dual_cache=spec.dual_cache,
-    ), engine=replace(defaults.engine, mode=engine_mode or defaults.engine.mode))
+    SERVER.base_settings = replace(defaults, model=ModelSettings.of_spec(spec),
+                                   engine=replace(defaults.engine, mode=engine_mode or defaults.engine.mode))
     SERVER.settings = SERVER.base_settings
     SERVER.host.engine_factory = spec.factory
     status.forward_logs(SERVER)

@@ -138,7 +138,16 @@ class ModelSettings:
     trust_remote_code: bool = _setting(False, _boolean)  # run a checkpoint's own modelling code (never by default)
     threads: int = _setting(0, _integer(0, 256))  # CPU threads for torch; 0: half the cores, at least one
     dual_cache: int = _setting(DEFAULT_DUAL_CACHE, _integer(0, 1024))  # llada/dream: cache refreshed every N steps; 0 off
-    compiled_layers: str = _setting(DEFAULT_COMPILED_LAYERS, _choice(*COMPILED_LAYERS))  # embedded model, CPU: compiled
+    # the embedded model on the CPU, its layers compiled for this CPU: auto or off; None: the machine's default (auto
+    # unless $DIFFILL_COMPILED_LAYERS says off)
+    compiled_layers: str | None = _setting(None, _optional(_choice(*COMPILED_LAYERS)))
+
+    @classmethod
+    def of_spec(cls, spec: ModelSpec) -> ModelSettings:
+        """The settings of a command line's ModelSpec (`diffill serve --model ... --compiled-layers ...`)."""
+        return cls(path=spec.path, family=spec.family, device=spec.device, dtype=spec.dtype,
+                   trust_remote_code=spec.trust_remote_code, threads=spec.threads, dual_cache=spec.dual_cache,
+                   compiled_layers=spec.compiled_layers)
 
     def spec(self, factory: str | None = None) -> ModelSpec:
         """The engine's ModelSpec of these settings (`factory`: `diffill serve --engine-factory`)."""
@@ -147,7 +156,7 @@ class ModelSettings:
         return ModelSpec(path=self.path, family=self.family, device=self.device, dtype=self.dtype,
                          trust_remote_code=self.trust_remote_code, factory=factory,
                          threads=self.threads or half_the_cores(), dual_cache=self.dual_cache,
-                         compiled_layers=self.compiled_layers)
+                         compiled_layers=self.compiled_layers or DEFAULT_COMPILED_LAYERS)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -8,6 +8,11 @@ import shutil
 import tempfile
 from pathlib import Path
 
+# Layers compiled ahead of time are off in the suite (before anything reads the default): otherwise every server a
+# test starts with a tiny real model would compile it in the background (15-30 s of a core each, and a child process
+# that outlives the test). tests/test_compiled_layers.py turns them on where it tests them, and checks the default.
+os.environ["DIFFILL_COMPILED_LAYERS"] = "off"
+
 import pytest
 
 from infill_engine.special_tokens import END_OF_SPAN_TOKEN, END_OF_TEXT_TOKEN, MASK_TOKEN, PAD_TOKEN

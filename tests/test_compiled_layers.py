@@ -149,21 +149,44 @@ def test_the_compile_command_and_its_refusals(model_dir, cache):
         ModelSpec(compiled_layers="always")
 
 
-def test_by_default_a_server_neither_compiles_nor_loads_the_layers(model_dir, package, cache):
+def _default_in_a_fresh_process(value: str | None) -> subprocess.CompletedProcess[str]:
+    """The default of the option, a spec and the server setting in a process with $DIFFILL_COMPILED_LAYERS `value`."""
+    import os
+
+    environment = {k: v for k, v in os.environ.items() if k != "DIFFILL_COMPILED_LAYERS"}
+    if value is not None:
+        environment["DIFFILL_COMPILED_LAYERS"] = value
+    code = ("from infill_engine.interface import DEFAULT_COMPILED_LAYERS, ModelSpec; "
+            "from lsp_server.settings import parse_settings; "
+            "print(DEFAULT_COMPILED_LAYERS, ModelSpec().compiled_layers, "
+            "parse_settings({})[0].model.spec().compiled_layers)")
+    return subprocess.run([sys.executable, "-c", code], env=environment, capture_output=True, text=True, timeout=120)
+
+
+def test_the_layers_are_compiled_by_default_unless_the_machine_says_off():
+    assert _default_in_a_fresh_process(None).stdout.split() == ["auto"] * 3  # options, specs and server settings
+    assert _default_in_a_fresh_process("off").stdout.split() == ["off"] * 3
+    wrong = _default_in_a_fresh_process("sometimes")
+    assert wrong.stdout.split() == ["off"] * 3
+    assert "DIFFILL_COMPILED_LAYERS='sometimes' is not one of auto, off" in wrong.stderr
+
+
+def test_with_the_layers_off_a_server_neither_compiles_nor_loads_them(model_dir, package, cache):
     cache.mkdir(parents=True, exist_ok=True)
     (cache / package.name).write_bytes(package.read_bytes())
-    engine = load_engine(ModelSpec(path=str(model_dir), device="cpu"), serving=True)
+    engine = load_engine(ModelSpec(path=str(model_dir), device="cpu", compiled_layers="off"), serving=True)
     assert engine.denoiser.background_compile is None and engine.denoiser.model.compiled_layers is None
     assert engine.denoiser.compiled_layers_state == "off"
     (cache / package.name).unlink()
-    again = load_engine(ModelSpec(path=str(model_dir), device="cpu"), serving=True)
+    again = load_engine(ModelSpec(path=str(model_dir), device="cpu", compiled_layers="off"), serving=True)
     assert again.denoiser.background_compile is None and not any(cache.iterdir())
 
 
 def test_doctor_says_whether_the_compiled_layers_are_loaded(model_dir, package, cache):
     cache.mkdir(parents=True, exist_ok=True)
     (cache / package.name).write_bytes(package.read_bytes())
-    assert diagnose(str(model_dir), None, "cpu", "float32", False)["model"]["compiled layers"] == "off"
+    off = diagnose(str(model_dir), None, "cpu", "float32", False, compiled_layers="off")["model"]
+    assert off["compiled layers"] == "off"
     asked = diagnose(str(model_dir), None, "cpu", "float32", False, compiled_layers="auto")["model"]
     assert asked["compiled layers"] == f"loaded ({cache / package.name})"
     (cache / package.name).unlink()

@@ -44,7 +44,9 @@ M.defaults = {
       trustRemoteCode = false, -- run a checkpoint's own modelling code (never by default)
       threads = 0, -- CPU threads for torch; 0: half the cores
       dualCache = 0, -- llada/dream: prefix/suffix keys and values refreshed every N steps; 0: off
-      compiledLayers = 'off', -- embedded model on the CPU: 'auto' runs layers compiled for this CPU once cached
+      -- compiledLayers = nil: the server's default, 'auto' (the embedded model on the CPU runs its layers compiled
+      -- for this CPU once the server has compiled them in the background; $DIFFILL_COMPILED_LAYERS=off on the
+      -- machine turns that off); 'off': always eagerly
     },
     sampling = {
       -- steps = nil: the family's default number of forward passes per block
