@@ -22,6 +22,7 @@ def test_bench_fill_reports_each_span_and_variant_and_writes_json(capsys, bench_
     report = json.loads(capsys.readouterr().out)
     assert json.loads(out.read_text()) == report
     assert report["holes"] == len(PROBLEMS) and report["matmul_peak_gflops"] > 0
+    assert report["threads"] == 1 and report["compiled_layers"] == "off"  # what ran: the suite keeps them off
     measured = [(r["span"], r["variant"]) for r in report["rows"] if "skipped" not in r]
     assert measured == [("line", "settle_tail=false"), ("line", "defaults")]
     assert [r["span"] for r in report["rows"] if "skipped" in r] == ["4000"]  # more than the model's positions

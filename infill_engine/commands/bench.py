@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Callable
+from typing import Any
 
 from infill_engine.commands import UsageError, load_in_process
 from infill_engine.interface import add_model_options
@@ -78,8 +79,6 @@ def run_gate(args: argparse.Namespace) -> int:
 
 def run_fill(args: argparse.Namespace) -> int:
     """Per span kind and sampler variant: latency, passes, tokens per forward, stages and achieved GFLOP/s."""
-    import torch
-
     from infill_engine.atomic import write_text_atomic
     from infill_engine.bench import bench_fill, fill_cases, ghost_text_hole, profile_one_fill, sampler_variant
     from infill_engine.evaluation import DEFAULT_BENCH, load_problems, spread_sample
@@ -99,14 +98,15 @@ def run_fill(args: argparse.Namespace) -> int:
         report["profiles"] = {
             case.name: profile_one_fill(engine, *(line_holes if case.single_line else holes)[0], case)
             for case in cases if engine.denoiser.max_positions - case.positions - 2 >= 16}
-    report = {"model": engine.describe().path, "threads": torch.get_num_threads(), **report}
+    report = {**run_header(engine), **report}
     text = json.dumps(report, indent=2)
     if args.out:
         write_text_atomic(args.out, text + "\n")
     if args.json:
         print(text)
         return 0
-    print(f"model: {report['model']}; threads {report['threads']}; {report['holes']} holes; "
+    print(f"model: {report['model']}; threads {report['threads']}; compiled layers {report['compiled_layers']}; "
+          f"{report['holes']} holes; "
           f"{report['candidates']} candidate(s); matmul peak {report['matmul_peak_gflops']} GFLOP/s"
           + ("; each fill after the key before" if report["after_keystroke"] else ""))
     print(f"{'span':>5} {'variant':<22} {'ms p50':>7} {'ms p95':>7} {'passes':>6} {'tok/fwd':>7} {'canvas/fwd':>10} {'pos/pass':>8} {'rows/pass':>9} "
@@ -127,10 +127,16 @@ def run_fill(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_ghost(args: argparse.Namespace) -> int:
-    """Single-line ghost-text latency, steps and yield at real holes."""
+def run_header(engine: Any) -> dict[str, Any]:
+    """What a bench report says of the engine it measured: the model, torch's threads, the compiled layers' state."""
     import torch
 
+    return {"model": engine.describe().path, "threads": torch.get_num_threads(),
+            "compiled_layers": getattr(engine.denoiser, "compiled_layers_state", "not a diffill model")}
+
+
+def run_ghost(args: argparse.Namespace) -> int:
+    """Single-line ghost-text latency, steps and yield at real holes."""
     from infill_engine.bench import bench_ghost, ghost_text_hole
     from infill_engine.evaluation import DEFAULT_BENCH, load_problems, spread_sample
 
@@ -141,7 +147,7 @@ def run_ghost(args: argparse.Namespace) -> int:
         report = bench_ghost(engine, holes, args.max_tokens, args.candidates)
     except ValueError as error:
         raise UsageError(str(error)) from None
-    report = {"model": engine.describe().path, "threads": torch.get_num_threads(), **report}
+    report = {**run_header(engine), **report}
     if args.json:
         print(json.dumps(report, indent=2))
     else:

@@ -60,8 +60,7 @@ def add_kinds(kinds: argparse._SubParsersAction) -> dict[str, Callable[[argparse
 
 def run(args: argparse.Namespace) -> int:
     """Fill the problems with both models, sweep the diffusion sampler, write the report and the plot."""
-    import torch
-
+    from infill_engine.commands.bench import run_header
     from infill_engine.evaluation import DEFAULT_BENCH, load_problems, spread_sample
     from infill_engine.fim_generation import load_twin
     from infill_engine.sampler import sampler_overrides
@@ -85,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
                          stop_at_suffix=args.stop_at_suffix)
     except (ValueError, OSError) as error:
         raise UsageError(str(error)) from None
-    report = {"model": engine.describe().path, "twin": str(args.twin), "threads": torch.get_num_threads(), **report}
+    report = {**run_header(engine), "twin": str(args.twin), **report}
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
