@@ -606,8 +606,14 @@ def check_fill(
         new_problems=new_problems,
         problems_before=len(original.problems),
         problems_after=len(after) + len(unprintable),
-        checker=f"tree-sitter:{canonical}" if _parser(canonical) is not None else "lexical",
+        checker=checker_for(canonical),
     )
+
+
+def checker_for(language: str | None) -> str:
+    """What gates fills in `language` here: "tree-sitter:NAME" where its grammar is installed, else "lexical"."""
+    canonical = language_for(language)
+    return f"tree-sitter:{canonical}" if _parser(canonical) is not None else "lexical"
 
 
 _UNPRINTABLE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ufffd]")

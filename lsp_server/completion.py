@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 from lsprotocol import types
 
 from infill_engine import syntax
-from infill_engine.request import InfillRequest
+from infill_engine.request import Candidate, InfillRequest
 from lsp_server import conversion, postprocess, status
 from lsp_server.cache import CacheKey, typed_ahead
 from lsp_server.context import Cursor, Snapshot, as_comments, cursor_at, similar_chunks, typed_at
@@ -125,14 +125,21 @@ class _Computation:
         return self._typed[1]
 
 
-def gated_variants(fills: list[str], cursor: Cursor, language: str | None) -> list[str]:
-    """For each fill, its first tidied variant that adds no syntax problem to the document window; no repeats."""
+def gated_variants(fills: list[str | Candidate], cursor: Cursor, language: str | None) -> list[str]:
+    """For each fill, its first tidied variant that adds no syntax problem to the document window; no repeats.
+
+    A fill given as the engine's `Candidate` of this very document whose gate passed it, with the checker this
+    process has for the language, passes as it is without a second check (a shared engine gated it in its own
+    process, where its parse of the document is cached; here it would cost a parse of the new version)."""
     document = cursor.prefix + cursor.suffix
     at = len(cursor.prefix)
     kept: list[str] = []
     for fill in fills:
-        for variant in postprocess.variants(fill, cursor.around):
-            if syntax.check_fill(document, at, at, variant, language).ok:
+        text = fill if isinstance(fill, str) else fill.text
+        passed = not isinstance(fill, str) and fill.gate is not None and fill.gate.ok and (
+            fill.gate.checker == syntax.checker_for(language))
+        for variant in postprocess.variants(text, cursor.around):
+            if (passed and variant == text) or syntax.check_fill(document, at, at, variant, language).ok:
                 if variant not in kept:
                     kept.append(variant)
                 break
@@ -167,7 +174,9 @@ def fill_job(
         return FillOutcome([])
     # Rejected fills too: the gate judged the raw span, and tidying (one line mid-line, no repeated bracket) may
     # be what it needed.
-    fills = [c.text for c in result.candidates + result.rejected]
+    # Gated by the engine against this document only where nothing was added before the prefix.
+    fills = [*(result.candidates if not extra else [c.text for c in result.candidates]),
+             *(c.text for c in result.rejected)]
     return FillOutcome(gated_variants(fills, cursor, language), result.stats.as_dict())
 
 

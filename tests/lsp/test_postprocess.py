@@ -58,3 +58,24 @@ def test_windows_line_breaks_are_kept():
 def test_empty_and_whitespace_fills_are_dropped():
     assert variants("  \n ", around("x = |\n").around) == []
     assert gated_variants(["", "x))"], around("print(|)\n"), "python") == []
+
+
+def test_a_fill_the_engine_gated_on_this_document_is_not_parsed_again(monkeypatch):
+    from infill_engine import syntax
+    from infill_engine.request import Candidate
+
+    cursor = around("total = sum(|)\n")
+    document = cursor.prefix + cursor.suffix
+    passed = Candidate("values", [], 0.0, gate=syntax.check_fill(document, len(cursor.prefix), len(cursor.prefix),
+                                                                  "values", "python"))
+    lexical = Candidate("values", [], 0.0, gate=syntax.GateResult(True, (), 0, 0, "lexical"))
+    checked: list[str] = []
+    real = syntax.check_fill
+    monkeypatch.setattr(syntax, "check_fill", lambda *a, **k: checked.append(a[3]) or real(*a, **k))
+    assert gated_variants([passed], cursor, "python") == ["values"] and checked == []
+    # a checker other than this process's, or a plain text (no verdict), is checked here
+    assert gated_variants([lexical, "values"], cursor, "python") == ["values"] and checked == ["values", "values"]
+    # a variant the engine never saw is checked too: "x)" tidied to "x" (the suffix's bracket)
+    tidied = Candidate("x)", [], 0.0, gate=real(document, len(cursor.prefix), len(cursor.prefix), "x)", "python"))
+    checked.clear()
+    assert gated_variants([tidied], cursor, "python") == ["x"] and checked == ["x"]
