@@ -133,10 +133,11 @@ def answer_ms_by_outcome(statuses: Sequence[dict[str, Any]]) -> dict[str, dict[s
             if float(status.get("model_ms") or 0.0) > 0:
                 model_ms.setdefault(outcome, []).append(float(status["model_ms"]))
                 outside_ms.setdefault(outcome, []).append(ms - float(status["model_ms"]))
+    engine = {outcome: {"model_p50_ms": percentile(model_ms[outcome], 0.5),
+                        "outside_model_p50_ms": percentile(outside_ms[outcome], 0.5),
+                        "outside_model_p95_ms": percentile(outside_ms[outcome], 0.95)} for outcome in model_ms}
     return {outcome: {"answers": len(ms), "p50_ms": percentile(ms, 0.5), "p95_ms": percentile(ms, 0.95),
-                      **({"model_p50_ms": percentile(model_ms[outcome], 0.5),
-                          "outside_model_p50_ms": percentile(outside_ms[outcome], 0.5),
-                          "outside_model_p95_ms": percentile(outside_ms[outcome], 0.95)} if outcome in model_ms else {})}
+                      **engine.get(outcome, {})}
             for outcome, ms in sorted(by_outcome.items())}
 
 

@@ -173,8 +173,7 @@ def fill_job(
         logger.warning("no fill: %s", error)
         return FillOutcome([])
     # Rejected fills too: the gate judged the raw span, and tidying (one line mid-line, no repeated bracket) may
-    # be what it needed.
-    # Gated by the engine against this document only where nothing was added before the prefix.
+    # be what it needed. The engine's verdicts hold for this document only where nothing went before the prefix.
     fills = [*(result.candidates if not extra else [c.text for c in result.candidates]),
              *(c.text for c in result.rejected)]
     return FillOutcome(gated_variants(fills, cursor, language), result.stats.as_dict())
