@@ -42,6 +42,22 @@ def serve_command(*options: str, engine_mode: str | None = "inprocess") -> list[
     return command + (["--engine-mode", engine_mode] if engine_mode else []) + list(options)
 
 
+def spec_with_every_field_set(directory: Path) -> Any:
+    """A ModelSpec whose every field differs from the default (asserted: a new field must be given a value here), for
+    tests that a spec survives a round trip (the engine's command line, the server's settings) whole."""
+    import dataclasses
+
+    from infill_engine.interface import ModelSpec
+
+    defaults = ModelSpec()
+    spec = ModelSpec(path=str(directory), family="diffill", device="cpu", dtype="float32", trust_remote_code=True,
+                     factory="tests.lsp.fake_engine:build_engine", threads=3, dual_cache=2,
+                     compiled_layers="off" if defaults.compiled_layers == "auto" else "auto")
+    unset = [f.name for f in dataclasses.fields(ModelSpec) if getattr(spec, f.name) == getattr(defaults, f.name)]
+    assert unset == [], f"give {unset} a value other than the default in spec_with_every_field_set"
+    return spec
+
+
 def plain(value: Any) -> Any:
     """JSON-like data as dicts and lists (pygls hands custom messages' params over as named tuples)."""
     if hasattr(value, "_asdict"):

@@ -91,18 +91,13 @@ def test_the_command_line_model_options_hold_where_the_editor_sends_none():
 
 
 def test_every_command_line_model_option_of_diffill_serve_reaches_the_engine_it_opens(tmp_path):
-    import dataclasses
-
     from infill_engine.interface import ModelSpec
     from lsp_server.settings import ModelSettings
+    from tests.lsp.conftest import spec_with_every_field_set
 
-    spec = ModelSpec(path=str(tmp_path), family="diffill", device="cpu", dtype="float32", trust_remote_code=True,
-                     factory="tests.lsp.fake_engine:build_engine", threads=3, dual_cache=2,
-                     compiled_layers="off" if ModelSpec().compiled_layers == "auto" else "auto")
-    defaults = ModelSpec()
-    assert [f.name for f in dataclasses.fields(ModelSpec) if getattr(spec, f.name) == getattr(defaults, f.name)] == []
+    spec = spec_with_every_field_set(tmp_path)
     assert ModelSettings.of_spec(spec).spec(spec.factory) == spec
-    assert ModelSettings().spec().compiled_layers == defaults.compiled_layers  # unset: the machine's default
+    assert ModelSettings().spec().compiled_layers == ModelSpec().compiled_layers  # unset: the machine's default
 
 
 def test_the_canvas_refresh_setting_reaches_the_engine_sampler_and_unset_keeps_the_engines(tokenizer):

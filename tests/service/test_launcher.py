@@ -4,7 +4,6 @@ setting of it, so the server connects instead of falling back to a second copy o
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import signal
 from pathlib import Path
@@ -14,17 +13,12 @@ import pytest
 from infill_engine.interface import ModelSpec, model_spec_from_args, open_engine
 from infill_engine.service.command import add_arguments
 from infill_engine.service.launcher import SharedEngine, serve_command
-from tests.lsp.conftest import ROOT
+from tests.lsp.conftest import ROOT, spec_with_every_field_set
 from tests.service.conftest import FACTORY
 
 
 def test_the_engine_command_carries_every_field_of_the_model_spec(tmp_path: Path):
-    spec = ModelSpec(path=str(tmp_path), family="diffill", device="cpu", dtype="float32", trust_remote_code=True,
-                     factory=FACTORY, threads=3, dual_cache=2,
-                     compiled_layers="off" if ModelSpec().compiled_layers == "auto" else "auto")
-    defaults = ModelSpec()
-    unset = [f.name for f in dataclasses.fields(ModelSpec) if getattr(spec, f.name) == getattr(defaults, f.name)]
-    assert unset == [], f"give {unset} a value other than the default here, and `serve_command` an option for it"
+    spec = spec_with_every_field_set(tmp_path)  # a new field needs an option in `serve_command` too
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     command = serve_command(spec, tmp_path / "engine.sock", 60)
