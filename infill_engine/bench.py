@@ -117,9 +117,9 @@ def fill_cases(spans: list[str]) -> list[FillCase]:
     return cases
 
 
-def matmul_peak_gflops(size: int = 1024, repeats: int = 10) -> float:
-    """GFLOP/s of the fastest of `repeats` square fp32 matmuls at torch's current thread count."""
-    a, b = torch.randn(size, size), torch.randn(size, size)
+def matmul_peak_gflops(size: int = 1024, repeats: int = 10, dtype: torch.dtype = torch.float32) -> float:
+    """GFLOP/s of the fastest of `repeats` square matmuls in `dtype` at torch's current thread count."""
+    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
     a @ b  # warm-up
     best = math.inf
     for _ in range(repeats):
@@ -199,13 +199,16 @@ def bench_fill(
 ) -> dict[str, Any]:
     """Fills of each case at every hole, once per sampler variant (interleaved hole by hole, so that a change in
     the machine's load falls on every variant alike): latency, passes, tokens per forward, the split into stages,
-    and achieved GFLOP/s against the matmul peak measured in the same run. `after_keystroke`: each fill comes after
+    and achieved GFLOP/s against the matmul peak measured in the same run (in float32, and for a model that
+    multiplies in bfloat16, `mixed` or `bfloat16`, in bfloat16 too). `after_keystroke`: each fill comes after
     the fill of the key before (see `_measured_fill`). `line_holes`: the same holes as single-line cases meet them
     (`ghost_text_hole`; default: `holes`)."""
     variants = variants or [""]
     base = engine.sampler
     configs = [sampler_variant(text, base) for text in variants]
     peak = matmul_peak_gflops()
+    bfloat16_peak = matmul_peak_gflops(dtype=torch.bfloat16) if engine.denoiser.precision in ("mixed", "bfloat16") \
+        else None
     rows = []
     try:
         for case in cases:
@@ -226,16 +229,17 @@ def bench_fill(
                         _measured_fill(engine, request)  # warm-up, not counted
                     runs[variant].append(_measured_fill(engine, request, after_keystroke))
             for text, measured in zip(variants, runs):
-                rows.append(_fill_row(case, text or "defaults", measured, costs, peak))
+                rows.append(_fill_row(case, text or "defaults", measured, costs, peak, bfloat16_peak))
     finally:
         engine.sampler = base
-    return {"matmul_peak_gflops": round(peak, 1), "holes": len(holes), "candidates": candidates,
-            "after_keystroke": after_keystroke, "rows": rows}
+    return {"matmul_peak_gflops": round(peak, 1),
+            **({} if bfloat16_peak is None else {"bfloat16_matmul_peak_gflops": round(bfloat16_peak, 1)}),
+            "holes": len(holes), "candidates": candidates, "after_keystroke": after_keystroke, "rows": rows}
 
 
 def _fill_row(case: FillCase, variant: str, measured: list[MeasuredFill],
-              costs: list[tuple[int, float, float]], peak: float) -> dict[str, Any]:
-    """The summary of one case and variant."""
+              costs: list[tuple[int, float, float]], peak: float, bfloat16_peak: float | None = None) -> dict[str, Any]:
+    """The summary of one case and variant (shares of the bfloat16 peak too where it is given)."""
     stats = [m.result.stats for m in measured]
     totals = [s.ms["total"] for s in stats]
     tokens, passes = sum(s.tokens_generated for s in stats), sum(s.forward_passes for s in stats)
@@ -253,6 +257,10 @@ def _fill_row(case: FillCase, variant: str, measured: list[MeasuredFill],
     step_ms = [s.ms["denoise"] / m.steps for s, m in zip(stats, measured) if m.steps]
     achieved = statistics.median(step_gflops)
     counted = [m.canvas_run for m in measured if m.canvas_run is not None]
+    forward = statistics.median(forward_gflops)
+    bfloat16_shares = {} if bfloat16_peak is None else {
+        "share_of_bfloat16_peak_steps": round(achieved / bfloat16_peak, 3),
+        "share_of_bfloat16_peak_forward_only": round(forward / bfloat16_peak, 3)}
     return {
         "span": case.name,
         "positions": case.positions,
@@ -275,9 +283,10 @@ def _fill_row(case: FillCase, variant: str, measured: list[MeasuredFill],
         "ms_per_forward_median": round(statistics.median(ms for _, ms, _ in costs), 2),
         "gflop_per_forward": round(statistics.median(flops for flops, _, _ in costs) / 1e9, 4),
         "gflops_steps": round(achieved, 2),
-        "gflops_forward_only": round(statistics.median(forward_gflops), 2),
+        "gflops_forward_only": round(forward, 2),
         "share_of_peak_steps": round(achieved / peak, 3),
-        "share_of_peak_forward_only": round(statistics.median(forward_gflops) / peak, 3),
+        "share_of_peak_forward_only": round(forward / peak, 3),
+        **bfloat16_shares,
     }
 
 

@@ -143,16 +143,30 @@ def compile_layers(model: nn.Module, cache_dir: Path | None = None) -> Path:
     step = _LayersStep(model).eval()
     exported = torch.export.export(step, _example(model), dynamic_shapes=dynamic, strict=False)
     staging = cache_dir / f".{os.getpid()}.{target.name}"  # must end in .pt2
-    # freezing: the weights become constants, laid out for inductor's kernels. One thread in the generated kernels
-    # (the norms, rotary and adds over a few rows), whatever this process has: otherwise the count is baked into
-    # the library; its matrix products and attention call torch's own, which use the threads of the process.
     try:
-        with inductor_config.patch({"freezing": True, "cpp.threads": 1}):
+        with inductor_config.patch(_inductor_options(model)):
             torch._inductor.aoti_compile_and_package(exported, package_path=str(staging))
         os.replace(staging, target)  # whole or not at all: a reader never sees a half-written package
     finally:
         staging.unlink(missing_ok=True)
     return target
+
+
+def _inductor_options(model: nn.Module) -> dict[str, Any]:
+    """How inductor compiles these layers. Freezing: the weights become constants, laid out for inductor's kernels.
+    One thread in the generated kernels (the norms, rotary and adds over a few rows), whatever this process has:
+    otherwise the count is baked into the library; torch's own matrix products and attention use the process's
+    threads. Mixed precision on a CPU with AMX: the products run inductor's own AMX micro-kernels on weights packed
+    for them (the CPP GEMM template; 0.90 ms for the embedded model's blocks over 13 rows against 1.88 through
+    oneDNN's bfloat16 products and 2.59 in float32), without autotuning against torch's (a compile that does not
+    depend on the machine's load)."""
+    from infill_engine.device import cpu_has_amx
+    from infill_engine.mixed_precision import is_mixed
+
+    options: dict[str, Any] = {"freezing": True, "cpp.threads": 1}
+    if is_mixed(model.layers) and cpu_has_amx():
+        options.update({"max_autotune": True, "max_autotune_gemm_backends": "CPP"})
+    return options
 
 
 class CompiledLayers:

@@ -19,23 +19,33 @@ from infill_engine.loading import StoredWeights
 SMALL_PASS_POSITIONS = 32
 
 DEVICES = ("auto", "cpu", "cuda", "mps")
-DTYPES = ("auto", "float32", "bfloat16", "float16")
+DTYPES = ("auto", "float32", "bfloat16", "float16", "mixed")  # mixed: float32, the blocks' products in bfloat16
 
 # From this many parameters up a checkpoint is large: on the CPU, `auto` then picks its dtype by the CPU and the RAM.
 # Below it, float32: a small model is fast in float32 and its memory does not matter, and the embedded model lost
 # 0.48 points of pass@1 in bfloat16 (docs/BENCHMARKS.md, "Against one token per step").
 LARGE_MODEL_PARAMETERS = 100_000_000
 BFLOAT16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")  # /proc/cpuinfo flags of bfloat16 arithmetic in hardware
+AMX_CPU_FLAG = "amx_bf16"  # bfloat16 matrix tiles: what the compiled layers' micro-kernels use (mixed_precision.py)
+
+
+def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> list[str]:
+    """This CPU's feature flags as Linux lists them; none where it cannot tell (not Linux)."""
+    try:
+        text = Path(cpuinfo).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return []
+    return next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
 
 
 def cpu_has_bfloat16(cpuinfo: str = "/proc/cpuinfo") -> bool:
     """Whether this CPU does bfloat16 arithmetic in hardware (AMX or AVX-512 BF16); False where it cannot tell."""
-    try:
-        text = Path(cpuinfo).read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return False
-    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
-    return any(flag in flags for flag in BFLOAT16_CPU_FLAGS)
+    return any(flag in cpu_flags(cpuinfo) for flag in BFLOAT16_CPU_FLAGS)
+
+
+def cpu_has_amx(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether this CPU multiplies bfloat16 matrices in AMX tiles; False where it cannot tell."""
+    return AMX_CPU_FLAG in cpu_flags(cpuinfo)
 
 
 def choose_device(requested: str = "auto") -> torch.device:
@@ -55,38 +65,55 @@ def choose_device(requested: str = "auto") -> torch.device:
 
 
 def choose_dtype(device: torch.device, requested: str = "auto", weights: StoredWeights | None = None) -> torch.dtype:
-    """What was asked, or for `auto`: bfloat16 on a GPU that supports it, and on the CPU as `cpu_dtype` says."""
-    return dtype_choice(device, requested, weights)[0]
+    """The dtype the weights load in for `dtype_choice`'s pick, the layers not compiled."""
+    return torch_dtype(dtype_choice(device, requested, weights)[0])
 
 
-def dtype_choice(
-    device: torch.device, requested: str = "auto", weights: StoredWeights | None = None
-) -> tuple[torch.dtype, str]:
-    """The dtype `choose_dtype` picks, and why (a phrase for `diffill doctor`)."""
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype a model of this DTYPES name (not auto) loads in."""
+    return torch.float32 if name == "mixed" else getattr(torch, name)
+
+
+def dtype_choice(device: torch.device, requested: str = "auto", weights: StoredWeights | None = None,
+                 compiled: bool = False) -> tuple[str, str]:
+    """What was asked, or for `auto`: bfloat16 on a GPU that supports it, and on the CPU as `cpu_dtype` says (with
+    `compiled`: for a model whose layers are compiled where a package is cached); a name of DTYPES and why (a phrase
+    for `diffill doctor`)."""
     if requested not in DTYPES:
         raise ValueError(f"unknown dtype {requested!r}; allowed: {', '.join(DTYPES)}")
+    if requested == "mixed" and device.type != "cpu":
+        raise ValueError(f"dtype 'mixed' (float32 with bfloat16 matrix products) is for the CPU, not {device.type}; "
+                         "there use auto or bfloat16")
     if requested != "auto":
-        return getattr(torch, requested), "asked for"
+        return requested, "asked for"
     if device.type == "cuda":
         if torch.cuda.is_bf16_supported():
-            return torch.bfloat16, "auto: a GPU with bfloat16"
-        return torch.float16, "auto: a GPU without bfloat16"
+            return "bfloat16", "auto: a GPU with bfloat16"
+        return "float16", "auto: a GPU without bfloat16"
     if device.type != "cpu":
-        return torch.float32, f"auto: float32 on {device.type}"
-    name, why = cpu_dtype(weights, cpu_has_bfloat16(), ram_gib())
-    return getattr(torch, name), f"auto: {why}"
+        return "float32", f"auto: float32 on {device.type}"
+    name, why = cpu_dtype(weights, cpu_has_bfloat16(), ram_gib(), compiled and cpu_has_amx())
+    return name, f"auto: {why}"
 
 
-def cpu_dtype(weights: StoredWeights | None, bfloat16_hardware: bool, ram: float) -> tuple[str, str]:
+def cpu_dtype(weights: StoredWeights | None, bfloat16_hardware: bool, ram: float,
+              compiled_on_amx: bool = False) -> tuple[str, str]:
     """The dtype `auto` picks on the CPU for these weights (None: unknown, taken as small) and `ram` GiB, and why.
 
-    A small model runs in float32. A large one runs in bfloat16 when it is stored so and the CPU has bfloat16
-    arithmetic (half the memory and faster, in the precision it was trained in); otherwise in float32 when that copy
-    fits the RAM (a CPU without bfloat16 arithmetic runs float32 faster), and in bfloat16 when only that fits."""
+    A small model runs in float32; where its layers are compiled (`compiled_layers.py`) on a CPU with AMX, with its
+    blocks' matrix products in bfloat16 (mixed): the compiled layers multiply them two to three times as fast, at no
+    cost in pass@1 (eagerly mixed precision is no faster: docs/BENCHMARKS.md, "Mixed precision"). A large
+    one runs in bfloat16 when it is stored so and the CPU has bfloat16 arithmetic (half the memory and faster, in the
+    precision it was trained in); otherwise in float32 when that copy fits the RAM (a CPU without bfloat16 arithmetic
+    runs float32 faster), and in bfloat16 when only that fits."""
     if weights is None:
         return "float32", "weights not read: float32 on the CPU"
     if weights.parameters < LARGE_MODEL_PARAMETERS:
-        return "float32", f"a small model ({weights.parameters / 1e6:.1f}M parameters): float32 on the CPU"
+        small = f"a small model ({weights.parameters / 1e6:.1f}M parameters)"
+        if compiled_on_amx:
+            return "mixed", f"{small}, its layers compiled for a CPU with AMX: float32, the blocks' matrix " \
+                            "products in bfloat16"
+        return "float32", f"{small}: float32 on the CPU"
     size = f"{weights.parameters / 1e9:.2f}B parameters stored in {weights.dtype}"
     if weights.dtype == "BF16" and bfloat16_hardware:
         return "bfloat16", f"{size}, and this CPU has bfloat16 arithmetic"

@@ -20,7 +20,15 @@ def diagnose(
 
     from infill_engine import syntax
     from infill_engine.device import choose_device, dtype_choice
-    from infill_engine.loading import ModelLoadError, default_model_path, inspect_model, load_denoiser, stored_weights
+    from infill_engine.loading import (
+        ModelLoadError,
+        compiles_layers,
+        default_model_path,
+        inspect_model,
+        load_denoiser,
+        read_config,
+        stored_weights,
+    )
     from infill_engine.packed_weights import packed_layers, packing_refusal
 
     report: dict[str, dict[str, Any]] = {
@@ -38,9 +46,11 @@ def diagnose(
         torch_device = choose_device(device)
         local = _local_directory(str(path)) if path is not None else None
         weights = stored_weights(local) if local is not None else None
-        torch_dtype, why = dtype_choice(torch_device, dtype, weights)
-        report["device"] = {"ok": True, "device": str(torch_device), "dtype": str(torch_dtype), "dtype because": why}
-    except ValueError as error:
+        config = read_config(local) if local is not None else {}
+        compiled = compiles_layers(str(config.get("model_type", "")), compiled_layers)
+        chosen, why = dtype_choice(torch_device, dtype, weights, compiled)
+        report["device"] = {"ok": True, "device": str(torch_device), "dtype": chosen, "dtype because": why}
+    except (ValueError, ModelLoadError) as error:
         report["device"] = {"ok": False, "error": str(error)}
         device = "cpu"
 
@@ -58,7 +68,7 @@ def diagnose(
             special = denoiser.special
             report["model"].update(
                 ok=True, parameters=sum(p.numel() for p in denoiser.model.parameters()), noise=denoiser.noise,
-                loaded_on=str(denoiser.device), dtype=str(denoiser.dtype),
+                loaded_on=str(denoiser.device), dtype=denoiser.precision,
                 **{"MKL-packed layers": packed_layers(denoiser.model)},
             )
             refusal = packing_refusal(denoiser.model)

@@ -77,7 +77,7 @@ class InfillEngine:
     def describe(self) -> ModelInfo:
         """The model's family, directory, device and dtype."""
         return ModelInfo(family=self.denoiser.family, path=str(self.denoiser.path), device=str(self.denoiser.device),
-                         dtype=str(self.denoiser.dtype).removeprefix("torch."))
+                         dtype=self.denoiser.precision)
 
     def count_tokens(self, text: str) -> int:
         """How many of the model's tokens `text` is."""

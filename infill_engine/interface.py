@@ -28,7 +28,7 @@ logger = logging.getLogger(__name__)
 
 FAMILIES = ("diffill", "diffusion_gemma", "llada", "dream", "mlm")
 DEVICES_HELP = "auto, cpu, cuda, cuda:N or mps"
-DTYPES = ("auto", "float32", "bfloat16", "float16")
+DTYPES = ("auto", "float32", "bfloat16", "float16", "mixed")  # mixed: float32, the blocks' products in bfloat16
 ENGINE_MODES = ("inprocess", "shared", "auto", "remote")  # remote: a team server (`diffill http`) at a URL
 # Refine: tokens the model gives at least this probability are kept; positions a refined text may grow by.
 DEFAULT_KEEP_ABOVE = 0.9

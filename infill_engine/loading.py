@@ -217,7 +217,7 @@ def load_denoiser(
     """Load a checkpoint directory or hub id (the shipped model when `path` is None) behind its family's adapter;
     `dual_cache` N >= 1: llada and dream models refresh their prefix/suffix keys and values every N steps;
     `compiled_layers` auto: a diffill model uses its layers compiled for this CPU when they are cached."""
-    from infill_engine.device import choose_device, choose_dtype
+    from infill_engine.device import choose_device, dtype_choice, torch_dtype
 
     if path is not None:
         path = resolve_checkpoint(str(path))
@@ -236,20 +236,29 @@ def load_denoiser(
             "trustRemoteCode setting) if you trust this checkpoint"
         )
     torch_device = choose_device(device)
-    torch_dtype = choose_dtype(torch_device, dtype, stored_weights(info.path))
+    precision = dtype_choice(torch_device, dtype, stored_weights(info.path),
+                             compiled=compiles_layers(info.model_type, compiled_layers))[0]
     try:
-        model, tokenizer = _load_weights(info, torch_dtype, trust_remote_code)
+        model, tokenizer = _load_weights(info, torch_dtype(precision), trust_remote_code)
     except ModelLoadError:
         raise
     except Exception as error:  # noqa: BLE001 - any failure here is the checkpoint's (corrupt, truncated, alien)
         raise ModelLoadError(f"could not load the model in {info.path}: {error}") from error
     model.to(torch_device).eval()
     _own_memory(model)
+    if precision == "mixed":
+        _mix_precision(model, info)
     _pack_weights(model, info)
     denoiser = _wrap(info, model, tokenizer, dual_cache)
     if compiled_layers == "auto" and hasattr(denoiser, "load_compiled_layers"):
         denoiser.load_compiled_layers()
     return denoiser
+
+
+def compiles_layers(model_type: str, compiled_layers: str) -> bool:
+    """Whether a model of this config.json `model_type` runs layers compiled for the CPU where a package is cached
+    (the diffill family's, `compiled_layers.py`) under this `compiled_layers` setting."""
+    return compiled_layers == "auto" and model_type.lower() == "diffill"
 
 
 def _load_weights(info: ModelInfo, dtype: Any, trust_remote_code: bool) -> tuple[Any, Any]:
@@ -324,6 +333,17 @@ def _own_memory(model: Any) -> None:
         for tensor in itertools.chain(model.parameters(), model.buffers()):
             if tensor.device.type == "cpu":
                 tensor.data = tensor.data.clone()
+
+
+def _mix_precision(model: Any, info: ModelInfo) -> None:
+    """Give the model's linear layers but the output layer bfloat16 weights (`mixed_precision`)."""
+    from infill_engine.mixed_precision import mix_precision
+
+    try:
+        layers = mix_precision(model)
+    except ValueError as error:
+        raise ModelLoadError(f"{info.path}: {error}") from None
+    logger.info("%s: %d linear layers in bfloat16 (mixed precision)", info.path, layers)
 
 
 def _pack_weights(model: Any, info: ModelInfo) -> None:

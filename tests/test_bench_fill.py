@@ -23,6 +23,7 @@ def test_bench_fill_reports_each_span_and_variant_and_writes_json(capsys, bench_
     assert json.loads(out.read_text()) == report
     assert report["holes"] == len(PROBLEMS) and report["matmul_peak_gflops"] > 0
     assert report["threads"] == 1 and report["compiled_layers"] == "off"  # what ran: the suite keeps them off
+    assert report["dtype"] == "float32" and "bfloat16_matmul_peak_gflops" not in report
     measured = [(r["span"], r["variant"]) for r in report["rows"] if "skipped" not in r]
     assert measured == [("line", "settle_tail=false"), ("line", "defaults")]
     assert [r["span"] for r in report["rows"] if "skipped" in r] == ["4000"]  # more than the model's positions
@@ -31,6 +32,18 @@ def test_bench_fill_reports_each_span_and_variant_and_writes_json(capsys, bench_
         assert row["forward_passes_median"] >= row["loop_steps_median"] >= 1
         assert row["gflop_per_forward"] > 0 and row["gflops_steps"] > 0
         assert row["canvas_positions_per_forward"] >= row["tokens_per_forward"]  # a row holds more than its text
+
+
+def test_bench_fill_of_a_mixed_model_gives_its_share_of_the_bfloat16_peak_too(capsys, bench_file,  # noqa: F811
+                                                                               model_dirs):
+    code = main(["bench", "fill", "--data", str(bench_file), "--model", str(model_dirs["diffill"]), "--sample", "1",
+                 "--spans", "line", "--dtype", "mixed", "--json", "--threads", "1"])
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["dtype"] == "mixed" and report["bfloat16_matmul_peak_gflops"] > 0
+    [row] = report["rows"]
+    ratio = report["matmul_peak_gflops"] / report["bfloat16_matmul_peak_gflops"]
+    assert row["share_of_bfloat16_peak_steps"] == pytest.approx(row["share_of_peak_steps"] * ratio, abs=2e-3)
 
 
 def test_bench_fill_names_a_bad_span_or_variant(capsys, bench_file, model_dirs):  # noqa: F811

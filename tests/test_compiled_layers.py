@@ -58,11 +58,12 @@ def package(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _engines(model_dir: Path, package: Path, cache: Path) -> tuple[InfillEngine, InfillEngine]:
-    """The tiny model eager, and loaded again with its package in the cache."""
+    """The tiny model eager, and loaded again with its package in the cache (both float32: mixed precision has its
+    own tests, tests/test_mixed_precision.py)."""
     cache.mkdir(parents=True, exist_ok=True)
     (cache / package.name).write_bytes(package.read_bytes())
     eager = InfillEngine.load(ModelSpec(path=str(model_dir), device="cpu", compiled_layers="off"))
-    compiled = InfillEngine.load(ModelSpec(path=str(model_dir), device="cpu", compiled_layers="auto"))
+    compiled = InfillEngine.load(ModelSpec(path=str(model_dir), device="cpu", dtype="float32", compiled_layers="auto"))
     return eager, compiled
 
 
@@ -130,7 +131,7 @@ def test_a_damaged_package_is_not_used_and_is_compiled_again(model_dir, cache, c
     (cache / package_key(engine.denoiser.model)).write_bytes(b"not a package")
     assert load_compiled_layers(engine.denoiser.model) is None
     assert "run eagerly" in caplog.text
-    again = InfillEngine.load(ModelSpec(path=str(model_dir), device="cpu", compiled_layers="auto"))
+    again = InfillEngine.load(ModelSpec(path=str(model_dir), device="cpu", dtype="float32", compiled_layers="auto"))
     assert again.denoiser.model.compiled_layers is None
     assert again.fill(REQUESTS[0]).candidates  # fills go on, eagerly
     compile_layers(engine.denoiser.model)  # `diffill compile` (and a server's child) compiles it again over it
@@ -238,7 +239,8 @@ def test_a_compiled_package_that_does_not_load_is_not_compiled_again_at_each_sta
     job.process.wait(timeout=60)
     assert job.poll() is None and job.state.startswith("compiled, but the package did not load")
     assert "does not load here" in job.failed_marker.read_text()
-    restarted = load_engine(ModelSpec(path=str(model_dir), device="cpu", compiled_layers="auto"), serving=True)
+    restarted = load_engine(ModelSpec(path=str(model_dir), device="cpu", dtype="float32", compiled_layers="auto"),
+                            serving=True)
     assert restarted.denoiser.background_compile is None and restarted.denoiser.model.compiled_layers is None
     assert restarted.denoiser.compiled_layers_state.startswith("failed before")
     assert restarted.fill(REQUESTS[0]).candidates  # it fills, eagerly

@@ -94,7 +94,7 @@ def test_auto_loads_a_large_bfloat16_model_in_bfloat16_on_a_cpu_with_its_arithme
     assert InfillEngine.load(ModelSpec(path=str(bfloat16_model))).describe().dtype == "bfloat16"  # for the log
     assert load_denoiser(bfloat16_model, dtype="float32").dtype == torch.float32  # asked for: as asked
     report = diagnose(str(bfloat16_model), None, "cpu", "auto", False)
-    assert report["device"]["dtype"] == "torch.bfloat16" and report["model"]["dtype"] == "torch.bfloat16"
+    assert report["device"]["dtype"] == "bfloat16" and report["model"]["dtype"] == "bfloat16"
     assert "this CPU has bfloat16 arithmetic" in report["device"]["dtype because"]
     monkeypatch.setattr(device, "cpu_has_bfloat16", lambda: False)
     assert load_denoiser(bfloat16_model).dtype == torch.float32  # it fits: float32 is the faster there

@@ -99,6 +99,13 @@ class Denoiser(ABC):
         return next(self.model.parameters()).dtype
 
     @property
+    def precision(self) -> str:
+        """What the model runs in, as `--dtype` names it: "float32", "bfloat16", ..., or "mixed" (`mixed_precision`)."""
+        from infill_engine.mixed_precision import is_mixed
+
+        return "mixed" if is_mixed(self.model) else str(self.dtype).removeprefix("torch.")
+
+    @property
     def sampler_settings(self) -> dict[str, Any]:
         """The sampler settings the checkpoint recommends for itself: its config.json's `diffill_sampler` object
         (`SamplerConfig` fields, e.g. the embedded model's `end_bias`), empty when it has none."""

@@ -84,7 +84,7 @@ class DiffillDenoiser(Denoiser):
 
         if getattr(self.model, "compiled_layers", None) is not None or compile_refusal(self.model) is not None:
             return
-        command = [sys.executable, "-m", "diffill", "compile", "--device", "cpu", "--dtype", "float32"]
+        command = [sys.executable, "-m", "diffill", "compile", "--device", "cpu", "--dtype", self.precision]
         if spec.path is not None:
             command += ["--model", str(spec.resolved_path)]
         if spec.family is not None:

@@ -107,7 +107,8 @@ def run_fill(args: argparse.Namespace) -> int:
         return 0
     print(f"model: {report['model']}; threads {report['threads']}; compiled layers {report['compiled_layers']}; "
           f"{report['holes']} holes; "
-          f"{report['candidates']} candidate(s); matmul peak {report['matmul_peak_gflops']} GFLOP/s"
+          f"{report['candidates']} candidate(s); {report['dtype']}; matmul peak {report['matmul_peak_gflops']} GFLOP/s"
+          + (f" (bfloat16: {report['bfloat16_matmul_peak_gflops']})" if "bfloat16_matmul_peak_gflops" in report else "")
           + ("; each fill after the key before" if report["after_keystroke"] else ""))
     print(f"{'span':>5} {'variant':<22} {'ms p50':>7} {'ms p95':>7} {'passes':>6} {'tok/fwd':>7} {'canvas/fwd':>10} {'pos/pass':>8} {'rows/pass':>9} "
           f"{'tokenize':>8} {'encoded':>7} {'encode':>7} {'denoise':>8} {'gate':>6} {'repair':>7} {'ms/step':>7} "
@@ -121,7 +122,9 @@ def run_fill(args: argparse.Namespace) -> int:
               f"{row['forward_passes_median']:>6} {row['tokens_per_forward']:>7} {row['canvas_positions_per_forward']:>10} "
               f"{row['positions_per_pass']:>8} "
               f"{str(row['layer_positions_per_pass'] or '-'):>9} {ms['tokenize']:>8} {row['context_positions_encoded_median']:>7} {ms['encode']:>7} {ms['denoise']:>8} {ms['gate']:>6} {ms['repair']:>7} "
-              f"{row['ms_per_step_median']:>7} {row['gflops_steps']:>8} {row['share_of_peak_steps']:>7}")
+              f"{row['ms_per_step_median']:>7} {row['gflops_steps']:>8} {row['share_of_peak_steps']:>7}"
+              + (f" (of the bfloat16 peak {row['share_of_bfloat16_peak_steps']})"
+                 if "share_of_bfloat16_peak_steps" in row else ""))
     for name, table in report.get("profiles", {}).items():
         print(f"\nprofile of one fill, span {name}: {table}")
     return 0
@@ -131,7 +134,8 @@ def run_header(engine: Any) -> dict[str, Any]:
     """What a bench report says of the engine it measured: the model, torch's threads, the compiled layers' state."""
     import torch
 
-    return {"model": engine.describe().path, "threads": torch.get_num_threads(),
+    info = engine.describe()
+    return {"model": info.path, "dtype": info.dtype, "threads": torch.get_num_threads(),
             "compiled_layers": getattr(engine.denoiser, "compiled_layers_state", "not a diffill model")}
 
 

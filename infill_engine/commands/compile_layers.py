@@ -40,8 +40,9 @@ def run(args: argparse.Namespace) -> int:
 
     torch.set_num_threads(spec.threads or 1)
     try:
+        # "auto": `--dtype auto` then picks what a server running compiled layers picks (mixed on a CPU with AMX)
         denoiser = load_denoiser(spec.path, family=spec.family, device=spec.device, dtype=spec.dtype,
-                                 trust_remote_code=spec.trust_remote_code, compiled_layers="off")
+                                 trust_remote_code=spec.trust_remote_code, compiled_layers="auto")
     except ModelLoadError as error:
         raise UsageError(str(error)) from None
     model = denoiser.model
