@@ -23,6 +23,7 @@ import logging
 import os
 import platform
 import weakref
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -35,23 +36,31 @@ logger = logging.getLogger(__name__)
 MAX_BATCH = 16  # canvas rows (candidates, batched requests) one compiled call takes
 MAX_ROWS = 512  # canvas positions per row
 MAX_LENGTH = 4096  # context + canvas positions of the keys/values buffers
+PACKAGE_FORMAT = 2  # in the package's key: 2 holds the step's and the context's libraries (1: the step's only)
+UNUSED_DAYS = 30  # a package no server has loaded for this long is removed when another is compiled
+GRAPHS = ("step", "context")  # the package's libraries, each a member `NAME.so` of its zip file
 
 
-class _LayersStep(nn.Module):
-    """The model's blocks over canvas rows against per-layer keys/values buffers, as a function of tensors only."""
+class _Layers(nn.Module):
+    """The model's blocks over rows against per-layer keys/values buffers, as a function of tensors only: a step's
+    canvas rows attend to the whole buffer; a context's rows (`causal`) to the buffer's positions up to their own."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, causal: bool = False):
         super().__init__()
         from infill_engine.packed_weights import unpack_linear_weights
 
         self.layers = copy.deepcopy(model.layers)  # traced plain: MKL's packed layout is opaque to the export
         unpack_linear_weights(self.layers)
+        self.causal = causal
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor,
                 keys: tuple[torch.Tensor, ...], values: tuple[torch.Tensor, ...]) -> torch.Tensor:
         """Hidden states (B, r, E) after every block; the rows' keys and values written into the buffers at `slots`."""
+        mask = None
+        if self.causal:  # (r, L): row i sees the buffer up to its own position slots[i]
+            mask = torch.arange(keys[0].shape[2], device=x.device)[None, :] <= slots[:, None]
         for block, layer_keys, layer_values in zip(self.layers, keys, values):
-            x, _, _ = block(x, cos, sin, None, (layer_keys, layer_values), slots)
+            x, _, _ = block(x, cos, sin, mask, (layer_keys, layer_values), slots)
         return x
 
 
@@ -90,9 +99,11 @@ def _cpu_name() -> str:
 
 def package_key(model: nn.Module) -> str:
     """The package's file name for this model, PyTorch and CPU."""
-    config = json.dumps(model.config.to_dict(), sort_keys=True, default=str)
+    settings = {k: v for k, v in model.config.to_dict().items() if k != "_name_or_path"}  # not where it was read
+    config = json.dumps(settings, sort_keys=True, default=str)
     digest = hashlib.blake2b(digest_size=12)
-    for part in (_weights_digest(model), config, torch.__version__, _cpu_name(), platform.machine()):
+    for part in (_weights_digest(model), config, torch.__version__, _cpu_name(), platform.machine(),
+                 str(PACKAGE_FORMAT)):
         digest.update(part.encode())
     return f"layers-{digest.hexdigest()}.pt2"
 
@@ -105,7 +116,8 @@ def default_cache_dir() -> Path:
 
 
 def _example(model: nn.Module) -> tuple[Any, ...]:
-    """Example inputs for the export: batch 2 and 3 rows, so that neither is specialised to 1."""
+    """Example inputs for the export: batch 2 and 3 rows, so that neither is specialised to 1 (the rows at the
+    buffer's end: a context's rows after 5 cached positions)."""
     config = model.config
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads or config.num_attention_heads
     head_dim = config.hidden_size // heads
@@ -120,7 +132,8 @@ def _example(model: nn.Module) -> tuple[Any, ...]:
 
 @torch.no_grad()
 def compile_layers(model: nn.Module, cache_dir: Path | None = None) -> Path:
-    """Export and compile the model's blocks for this CPU into the cache (15-30 s); the package's path."""
+    """Export and compile the model's blocks for this CPU into the cache (30-60 s), a step's and a context's; the
+    package's path."""
     import torch._inductor.config as inductor_config
     from torch.export import Dim
 
@@ -131,7 +144,7 @@ def compile_layers(model: nn.Module, cache_dir: Path | None = None) -> Path:
     target = cache_dir / package_key(model)
     if target.exists():
         try:
-            _Library(target)
+            _open_package(model, target)
             return target
         except Exception as error:  # damaged (a full disk, a foreign file): compiled again over it
             logger.warning("%s does not load (%s); compiling it again", target, error)
@@ -140,16 +153,32 @@ def compile_layers(model: nn.Module, cache_dir: Path | None = None) -> Path:
     length = Dim("length", min=2, max=MAX_LENGTH)
     buffers = tuple({0: batch, 2: length} for _ in model.layers)
     dynamic = ({0: batch, 1: rows}, {0: batch, 1: rows}, {0: batch, 1: rows}, {0: rows}, buffers, buffers)
-    step = _LayersStep(model).eval()
-    exported = torch.export.export(step, _example(model), dynamic_shapes=dynamic, strict=False)
-    staging = cache_dir / f".{os.getpid()}.{target.name}"  # must end in .pt2
+    staging = cache_dir / f".{os.getpid()}.{target.name}"
+    parts = {name: cache_dir / f".{os.getpid()}.{name}.{target.name}" for name in GRAPHS}  # each must end in .pt2
     try:
-        with inductor_config.patch(_inductor_options(model)):
-            torch._inductor.aoti_compile_and_package(exported, package_path=str(staging))
+        for name, part in parts.items():
+            exported = torch.export.export(_Layers(model, causal=name == "context").eval(), _example(model),
+                                           dynamic_shapes=dynamic, strict=False)
+            with inductor_config.patch(_inductor_options(model)):
+                torch._inductor.aoti_compile_and_package(exported, package_path=str(part))
+        with zipfile.ZipFile(staging, "w") as package:
+            for name, part in parts.items():
+                package.writestr(f"{name}.so", _library_of(part))
         os.replace(staging, target)  # whole or not at all: a reader never sees a half-written package
     finally:
-        staging.unlink(missing_ok=True)
+        for path in (staging, *parts.values()):
+            path.unlink(missing_ok=True)
+    prune_cache(cache_dir, keep=target)
     return target
+
+
+def _library_of(package: Path) -> bytes:
+    """The compiled library in one of AOTInductor's packages (the weights are frozen into it)."""
+    with zipfile.ZipFile(package) as archive:
+        names = [name for name in archive.namelist() if name.endswith(".so")]
+        if len(names) != 1:
+            raise ValueError(f"expected one compiled library in {package.name}, found {len(names)}")
+        return archive.read(names[0])
 
 
 def _inductor_options(model: nn.Module) -> dict[str, Any]:
@@ -170,14 +199,17 @@ def _inductor_options(model: nn.Module) -> dict[str, Any]:
 
 
 class CompiledLayers:
-    """A loaded package of a model's blocks, run where it gives the eager blocks' numbers."""
+    """A loaded package of a model's blocks, run where it gives the eager blocks' numbers: `__call__` for a denoising
+    step's canvas rows, `context` for context rows encoded after the ones before them."""
 
-    def __init__(self, runner: Any, model: nn.Module, path: Path):
+    def __init__(self, runner: Any, model: nn.Module, path: Path, context_runner: Any = None):
         self.runner = runner
+        self.context_runner = context_runner
         self.path = path
         self.weights = [(p.data_ptr(), p._version) for p in model.layers.parameters()]
         self.layers = model.layers
         self.calls = 0  # steps run compiled
+        self.context_calls = 0  # context encodes run compiled
 
     def __deepcopy__(self, memo: dict[int, Any]) -> None:
         """A copied model runs its blocks eagerly (its weights may be changed after the copy)."""
@@ -203,30 +235,41 @@ class CompiledLayers:
         self.calls += 1
         return self.runner(x.contiguous(), cos.contiguous(), sin.contiguous(), slots.contiguous(), *keys, *values)
 
+    def context(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor,
+                keys: tuple[torch.Tensor, ...], values: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """Hidden states (B, r, E) of context rows after every block, each row attending to the buffers' positions up
+        to its own (`slots`, ascending), the rows' keys and values written into the buffers there."""
+        self.context_calls += 1
+        return self.context_runner(x.contiguous(), cos.contiguous(), sin.contiguous(), slots.contiguous(), *keys,
+                                   *values)
+
 
 class _Library:
     """The package's compiled library, run through its C interface with the GIL released (ctypes), so that a
     server's other threads (its event loop, cancellations) run during a step; `aoti_load_package`'s runner holds the
     GIL for the whole call (3 ms late on a 1 ms timer, measured)."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, member: str):
         import ctypes
         import tempfile
-        import zipfile
 
         with zipfile.ZipFile(path) as package:
-            names = [name for name in package.namelist() if name.endswith(".so")]
-            if len(names) != 1:
-                raise ValueError(f"expected one compiled library in the package, found {len(names)}")
+            if member not in package.namelist():
+                raise ValueError(f"the package has no {member} (it holds {', '.join(package.namelist()) or 'nothing'})")
             folder = tempfile.mkdtemp(prefix="diffill-layers-")
             library = os.path.join(folder, "layers.so")
             try:
-                with package.open(names[0]) as source, open(library, "wb") as target:
+                with package.open(member) as source, open(library, "wb") as target:
                     target.write(source.read())
                 self.library = ctypes.CDLL(library)
             finally:
                 Path(library).unlink(missing_ok=True)  # mapped once loaded
                 os.rmdir(folder)
+        # Linux lets a process use AMX tiles only once it has asked (arch_prctl); torch's own kernels ask before their
+        # first tile instruction, a library's AMX micro-kernels do not (without this: SIGILL, measured).
+        init_amx = getattr(torch._C._cpu, "_init_amx", None)
+        if init_amx is not None:
+            init_amx()
         pointer, size = ctypes.c_void_p, ctypes.c_size_t
         self.handle = pointer()
         create = self.library.AOTInductorModelContainerCreateWithDevice
@@ -269,20 +312,55 @@ def load_compiled_layers(model: nn.Module, cache_dir: Path | None = None) -> Com
     if not path.exists():
         return None
     try:
-        return _open_package(model, path)
+        compiled = _open_package(model, path)
     except Exception as error:  # a package from a damaged or foreign cache: run eagerly
         logger.warning("%s: compiled layers not loaded (%s); the layers run eagerly", path, error)
         return None
+    try:
+        os.utime(path)  # its last use, which `prune_cache` reads
+        prune_cache(path.parent, keep=path)
+    except OSError:
+        pass  # a read-only cache: nothing is pruned from it
+    return compiled
+
+
+def prune_cache(cache_dir: Path, keep: Path, days: float = UNUSED_DAYS) -> list[Path]:
+    """Remove the packages (and their markers and logs) that no server has loaded for `days`, but `keep`, and what a
+    compile that died left behind; the paths removed. Another model's, PyTorch's or format's package is 20-40 MB."""
+    import time
+
+    cutoff = time.time() - days * 86400
+    removed = []
+    for path in cache_dir.glob("layers-*.pt2"):
+        try:
+            unused = path != keep and path.stat().st_mtime < cutoff
+        except OSError:
+            continue
+        if unused and _lock_holder(path.with_suffix(".lock")) is None:
+            for leftover in (path, *(path.with_suffix(suffix) for suffix in (".failed", ".log", ".lock"))):
+                if leftover.exists():
+                    leftover.unlink(missing_ok=True)
+                    removed.append(leftover)
+    for staging in cache_dir.glob(".*.pt2"):  # `.PID.NAME`: a compile's files while it runs
+        pid = staging.name.split(".")[1]
+        if pid.isdigit() and not _alive(int(pid)):
+            staging.unlink(missing_ok=True)
+            removed.append(staging)
+    for path in removed:
+        logger.info("removed %s from the compiled layers' cache (unused for %d days, or left by a compile that died)",
+                    path, days)
+    return removed
 
 
 def _open_package(model: nn.Module, path: Path) -> CompiledLayers:
     """The package at `path` loaded for `model`; raises where it does not load or does not take the model's inputs."""
-    runner = _Library(path)
+    runners = [_Library(path, f"{name}.so") for name in GRAPHS]
     expected = 4 + 2 * len(model.layers)
-    if (runner.inputs.value, runner.outputs.value) != (expected, 1):
-        raise ValueError(f"it takes {runner.inputs.value} inputs and gives {runner.outputs.value} outputs, "
-                         f"not {expected} and 1")
-    return CompiledLayers(runner, model, path)
+    for name, runner in zip(GRAPHS, runners):
+        if (runner.inputs.value, runner.outputs.value) != (expected, 1):
+            raise ValueError(f"its {name} library takes {runner.inputs.value} inputs and gives {runner.outputs.value} "
+                             f"outputs, not {expected} and 1")
+    return CompiledLayers(runners[0], model, path, context_runner=runners[1])
 
 
 def _lock_holder(lock: Path) -> int | None:
@@ -291,15 +369,18 @@ def _lock_holder(lock: Path) -> int | None:
         pid = int(lock.read_text().strip() or 0)
     except (OSError, ValueError):
         return None
-    if pid <= 0:
-        return None
+    return pid if pid > 0 and _alive(pid) else None
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process with this pid runs (it may be another user's)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
-        return None
+        return False
     except PermissionError:
-        return pid
-    return pid
+        return True
+    return True
 
 
 def _take_lock(lock: Path) -> bool:

@@ -76,20 +76,27 @@ def test_compiled_layers_fill_as_the_eager_ones(model_dir, package, cache):
         expected, got = eager.fill(request), compiled.fill(request)
         assert [c.text for c in got.candidates] == [c.text for c in expected.candidates]
         assert got.stats.forward_passes == expected.stats.forward_passes
-    assert layers.calls > 0  # the steps ran compiled
-    # one step's logits, whole canvas and some rows only, agree with the eager layers'
+    assert layers.calls > 0 and layers.context_calls > 0  # the steps and the contexts ran compiled
+    # a context encoded at once and one encoded after a cached head, and one step's logits (whole canvas and some
+    # rows only) against each, agree with the eager layers'
     model, reference = compiled.denoiser.model, eager.denoiser.model
     context = torch.randint(5, model.config.vocab_size, (1, 30))
     canvas = torch.randint(5, model.config.vocab_size, (2, 10))
     positions = torch.arange(30, 40)[None].expand(2, -1)
-    results = []
+    results, calls = [], layers.context_calls
     for m in (reference, model):
-        plan = m.plan_denoising(positions, m.encode_context(context, torch.arange(30)[None]))
-        whole = m.denoise_planned(canvas, plan)
-        rows = m.denoise_planned(canvas, plan, columns=torch.tensor([2, 5]), rows=torch.tensor([2, 3, 5]))
-        results.append((whole, rows))
-    for expected, got in zip(*results):
-        torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+        whole_context = m.encode_context(context, torch.arange(30)[None])
+        extended = m.extend_context(context[:, 12:], torch.arange(12, 30)[None],
+                                    m.encode_context(context[:, :12], torch.arange(12)[None]))
+        for cache in (whole_context, extended):
+            plan = m.plan_denoising(positions, cache)
+            whole = m.denoise_planned(canvas, plan)
+            rows = m.denoise_planned(canvas, plan, columns=torch.tensor([2, 5]), rows=torch.tensor([2, 3, 5]))
+            results.append((cache.keys[-1], cache.hidden, whole, rows))
+    assert layers.context_calls == calls + 3  # the model's three encodes above ran compiled
+    for expected, got in zip(results[:2], results[2:]):
+        for a, b in zip(expected, got):
+            torch.testing.assert_close(b, a, atol=1e-4, rtol=1e-4)
 
 
 def test_changed_weights_and_padded_batches_run_eagerly(model_dir, package, cache):
@@ -258,3 +265,27 @@ def test_compiled_layers_that_fail_give_way_to_the_eager_ones(model_dir, package
         assert [c.text for c in got.candidates] == [c.text for c in expected.candidates]
     assert compiled.denoiser.model.compiled_layers is None
     assert "run eagerly from now on" in caplog.text
+
+
+def test_packages_no_server_has_loaded_for_a_month_are_removed(model_dir, package, cache):
+    import os
+
+    cache.mkdir(parents=True, exist_ok=True)
+    current = cache / package.name
+    current.write_bytes(package.read_bytes())
+    month_ago = time.time() - 31 * 86400
+    old = cache / "layers-0123456789abcdef01234567.pt2"  # another model's, or an older PyTorch's or format's
+    for path in (old, old.with_suffix(".failed"), old.with_suffix(".log")):
+        path.write_text("old")
+        os.utime(path, (month_ago, month_ago))
+    recent = cache / "layers-fedcba9876543210fedcba98.pt2"  # loaded by some server this week: kept
+    recent.write_text("recent")
+    os.utime(recent, (time.time() - 7 * 86400,) * 2)
+    os.utime(current, (month_ago, month_ago))
+    died = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    staging = cache / f".{died.stdout.strip()}.step.{package.name}"  # a compile that died mid-way left it
+    staging.write_text("half")
+    engine = InfillEngine.load(ModelSpec(path=str(model_dir), device="cpu", dtype="float32", compiled_layers="auto"))
+    assert engine.denoiser.model.compiled_layers is not None
+    assert sorted(p.name for p in cache.iterdir()) == sorted([current.name, recent.name])
+    assert current.stat().st_mtime > time.time() - 60  # loading it counts as its use

@@ -4,6 +4,8 @@ the output layer and the rest in float32; what `auto` picks, and the compiled la
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -117,4 +119,10 @@ def test_a_mixed_models_compiled_layers_give_its_eager_numbers(model_dir, cache)
     spread = expected.std().item()
     assert (got - expected).abs().max().item() < 0.05 * spread + 1e-3
     result = compiled.fill(REQUEST)
-    assert result.stats.forward_passes > 0 and layers.calls > 1
+    assert result.stats.forward_passes > 0 and layers.calls > 1 and layers.context_calls > 0
+    # a fresh process whose first AMX instruction is the package's (its context encode): Linux grants a process AMX
+    # tiles only once it asks, which torch's own kernels do and a compiled library does not (SIGILL before the fix)
+    fill = subprocess.run([sys.executable, "-m", "diffill", "fill", "-", "--model", str(model_dir), "--dtype", "mixed",
+                           "--compiled-layers", "auto", "--max-tokens", "8", "--hole", "<FILL>"],
+                          capture_output=True, text=True, input="def add(a, b):\n    return <FILL>\n", timeout=300)
+    assert fill.returncode == 0, fill.stderr[-2000:]

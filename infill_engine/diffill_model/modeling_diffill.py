@@ -298,7 +298,7 @@ class DiffillForInfilling(DiffillPreTrainedModel):
         self.norm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
-        self.compiled_layers = None  # the blocks compiled ahead of time for a step (`compiled_layers.py`), if loaded
+        self.compiled_layers = None  # the blocks compiled ahead of time (`compiled_layers.py`), if loaded
 
     def get_input_embeddings(self) -> nn.Embedding:
         """The token embedding."""
@@ -333,15 +333,25 @@ class DiffillForInfilling(DiffillPreTrainedModel):
         attn_mask = None
         padded = context_padding_mask is not None and not bool(context_padding_mask.all())
         context_padding_mask = context_padding_mask.bool() if padded else None
-        if padded or self.config.causal_context:
-            real = context_padding_mask if padded else torch.ones_like(context_ids, dtype=torch.bool)
-            causal = context_positions.expand_as(context_ids) if self.config.causal_context else None
-            attn_mask = infilling_attention_mask(torch.zeros_like(real), real, causal)
-        keys, values = [], []
-        for block in self.layers:
-            x, k, v = block(x, cos, sin, attn_mask)
-            keys.append(k.contiguous())  # k and v are views into per-layer outputs (q's too): keep only their own
-            values.append(v.contiguous())
+        compiled = None
+        if not padded and self.config.causal_context:  # the compiled blocks read a causal context as extend_context
+            B, C, _ = x.shape
+            heads = self.config.num_key_value_heads or self.config.num_attention_heads
+            shape = (B, heads, C, self.config.hidden_size // self.config.num_attention_heads)
+            buffers = tuple(x.new_empty(shape) for _ in self.layers), tuple(x.new_empty(shape) for _ in self.layers)
+            compiled = self._compiled_context_rows(x, cos, sin, *buffers, start=0)
+        if compiled is not None:
+            x, (keys, values) = compiled, buffers
+        else:
+            if padded or self.config.causal_context:
+                real = context_padding_mask if padded else torch.ones_like(context_ids, dtype=torch.bool)
+                causal = context_positions.expand_as(context_ids) if self.config.causal_context else None
+                attn_mask = infilling_attention_mask(torch.zeros_like(real), real, causal)
+            keys, values = [], []
+            for block in self.layers:
+                x, k, v = block(x, cos, sin, attn_mask)
+                keys.append(k.contiguous())  # k and v are views into per-layer outputs (q's too): keep only their own
+                values.append(v.contiguous())
         cache = DiffillContextCache(keys=tuple(keys), values=tuple(values), padding_mask=context_padding_mask)
         if self.config.shift_logits:  # the context token before the canvas predicts its first position
             cache.hidden, cache.positions = x, context_positions.expand_as(context_ids)
@@ -432,18 +442,44 @@ class DiffillForInfilling(DiffillPreTrainedModel):
         plan: DiffillDenoisingPlan, slots: torch.LongTensor,
     ) -> torch.Tensor:
         """Canvas rows x (B, r, E) through every block, their keys and values written into the plan's buffers at
-        `slots` (r,): by the compiled blocks where they take the call, else eagerly (and from then on, if they fail:
-        the eager blocks write every slot the failed call may have written)."""
-        compiled = getattr(self, "compiled_layers", None)
-        if compiled is not None and compiled.accepts(x, attn_mask, plan.keys):
-            try:
-                return compiled(x, cos, sin, slots, plan.keys, plan.values)
-            except RuntimeError as error:
-                logger.warning("the compiled layers failed (%s); the layers run eagerly from now on", error)
-                self.compiled_layers = None
+        `slots` (r,): by the compiled blocks where they take the call, else eagerly."""
+        compiled = self._compiled_rows(x, cos, sin, attn_mask, slots, plan.keys, plan.values)
+        if compiled is not None:
+            return compiled
         for block, keys, values in zip(self.layers, plan.keys, plan.values):
             x, _, _ = block(x, cos, sin, attn_mask, (keys, values), slots)
         return x
+
+    def _compiled_context_rows(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keys: tuple[torch.Tensor, ...],
+        values: tuple[torch.Tensor, ...], start: int,
+    ) -> torch.Tensor | None:
+        """Context rows x (B, T, E) at the buffers' positions start..start+T through the compiled blocks, each row
+        attending to the buffers up to its own position (the ones before `start` hold a cached context's), their keys
+        and values written there; None where the compiled layers do not take the call."""
+        slots = torch.arange(start, start + x.shape[1], device=x.device)  # (T,)
+        return self._compiled_rows(x, cos, sin, None, slots, keys, values, context=True)
+
+    def _compiled_rows(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn_mask: torch.Tensor | None,
+        slots: torch.LongTensor, keys: tuple[torch.Tensor, ...], values: tuple[torch.Tensor, ...],
+        context: bool = False,
+    ) -> torch.Tensor | None:
+        """Rows x (B, r, E) through the compiled blocks (a step's canvas rows; with `context`, context rows that each
+        attend to the buffers up to their own slot), their keys and values written at `slots`; None where the
+        compiled layers do not take the call, or fail (they are dropped: from then on the layers run eagerly, and the
+        caller's eager blocks write every slot the failed call may have written)."""
+        compiled = getattr(self, "compiled_layers", None)
+        if compiled is None or (context and compiled.context_runner is None):
+            return None
+        if not compiled.accepts(x, attn_mask, keys):
+            return None
+        try:
+            return (compiled.context if context else compiled)(x, cos, sin, slots, keys, values)
+        except RuntimeError as error:
+            logger.warning("the compiled layers failed (%s); the layers run eagerly from now on", error)
+            self.compiled_layers = None
+            return None
 
     def canvas_rows_read(self, rows: torch.LongTensor, columns: torch.LongTensor, length: int) -> torch.LongTensor:
         """The canvas positions (r',) a step with `rows` (r,) and `columns` (n,) runs the layers over: the rows and
@@ -497,8 +533,14 @@ class DiffillForInfilling(DiffillPreTrainedModel):
         else:
             room = None
             keys, values = _kv_buffers(cache, B, T)  # each layer's (B, Hkv, C + T, D): the context's, then the new
-        for block, layer_keys, layer_values in zip(self.layers, keys, values):
-            x, _, _ = block(x, cos, sin, attn_mask, (layer_keys, layer_values))
+        compiled = None
+        if cache.padding_mask is None and cache.batch_size == B:
+            compiled = self._compiled_context_rows(x, cos, sin, keys, values, start=C)
+        if compiled is not None:
+            x = compiled
+        else:
+            for block, layer_keys, layer_values in zip(self.layers, keys, values):
+                x, _, _ = block(x, cos, sin, attn_mask, (layer_keys, layer_values))
         padding_mask = None
         if cache.padding_mask is not None:
             padding_mask = torch.cat([cache.padding_mask.expand(B, -1), torch.ones_like(ids, dtype=torch.bool)], 1)
