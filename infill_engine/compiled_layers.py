@@ -1,17 +1,22 @@
-"""The embedded model's layers over a denoising step's canvas rows, compiled ahead of time for this CPU (issue 12).
+"""The embedded model's layers over a denoising step's canvas rows, and over a context's rows, compiled ahead of time
+for this CPU (issue 12).
 
 A denoising step runs six small transformer blocks over a few canvas positions (13 on average for a single line):
 per layer two RMSNorms, the rotary, views, attention over the plan's keys/values buffer and three matrix products,
 each a separate PyTorch operator with its Python and dispatch overhead. `torch.export` traces the blocks once into
 one graph (batch, rows and buffer length dynamic) and AOTInductor compiles it to a shared library with the weights
-frozen in (`torch._inductor.aoti_compile_and_package`): one call per step instead of about 150 operators.
+frozen in (`torch._inductor.aoti_compile_and_package`): one call per step instead of about 150 operators. A second
+graph runs the same blocks over a causal context's rows, each attending to the buffer up to its own position: a new
+request's context, or the part after a cached head (a keystroke's). A mixed model's products (`mixed_precision.py`)
+run inductor's AMX micro-kernels on a CPU with AMX.
 
-Compiling takes 15-30 s of one core, so it never runs inside a fill: `compile_layers` writes a package file
-(atomically) into a cache directory, keyed by what the library depends on (the weights' digest, the model's config,
-the PyTorch version and the CPU); `load_compiled_layers` loads one in 0.04-0.11 s and runs its library with the GIL
-released. `CompiledLayers` runs the package only where it gives the eager blocks' numbers (float32 on the CPU, no
-attention mask, the weights it was compiled from unchanged, shapes within the exported range); anywhere else the
-model runs its blocks eagerly.
+Compiling takes 30-60 s of one core, so it never runs inside a fill: `compile_layers` writes a package file (a zip of
+the two libraries, atomically) into a cache directory, keyed by what the libraries depend on (the weights' digest,
+the model's config, the PyTorch version, the CPU and the package's format); `load_compiled_layers` loads one in
+0.04-0.2 s and runs its libraries with the GIL released, and packages no server has loaded for a month are removed.
+`CompiledLayers` runs the package only where it gives the eager blocks' numbers (float32 or mixed on the CPU, no
+attention mask from padding, the weights it was compiled from unchanged, shapes within the exported range); anywhere
+else the model runs its blocks eagerly.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ MAX_BATCH = 16  # canvas rows (candidates, batched requests) one compiled call t
 MAX_ROWS = 512  # canvas positions per row
 MAX_LENGTH = 4096  # context + canvas positions of the keys/values buffers
 PACKAGE_FORMAT = 2  # in the package's key: 2 holds the step's and the context's libraries (1: the step's only)
-UNUSED_DAYS = 30  # a package no server has loaded for this long is removed when another is compiled
+UNUSED_DAYS = 30  # a package no server has loaded for this long is removed when another is loaded or compiled
 GRAPHS = ("step", "context")  # the package's libraries, each a member `NAME.so` of its zip file
 
 

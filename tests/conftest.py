@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 
 # Layers compiled ahead of time are off in the suite (before anything reads the default): otherwise every server a
-# test starts with a tiny real model would compile it in the background (15-30 s of a core each, and a child process
+# test starts with a tiny real model would compile it in the background (20-60 s of a core each, and a child process
 # that outlives the test). tests/test_compiled_layers.py turns them on where it tests them, and checks the default.
 os.environ["DIFFILL_COMPILED_LAYERS"] = "off"
 
@@ -35,6 +35,15 @@ def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "dream": tiny_models.build_remote_code(root / "dream", "dream"),
         "llada": tiny_models.build_remote_code(root / "llada", "llada"),
     }
+
+
+@pytest.fixture
+def package_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The test's own cache of compiled layers ($DIFFILL_CACHE), where a module asks for it (`usefixtures`)."""
+    from infill_engine.compiled_layers import default_cache_dir
+
+    monkeypatch.setenv("DIFFILL_CACHE", str(tmp_path / "cache"))
+    return default_cache_dir()
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,6 @@ from torch.utils.flop_counter import FlopCounterMode
 from infill_engine.compiled_layers import (
     BackgroundCompile,
     compile_layers,
-    default_cache_dir,
     load_compiled_layers,
     package_key,
 )
@@ -27,20 +26,14 @@ from infill_engine.interface import ModelSpec, load_engine
 from tests import tiny_models
 
 # AOTInductor compiles C++: without a compiler the layers only ever run eagerly (the README's assumption).
-pytestmark = pytest.mark.skipif(not any(shutil.which(name) for name in ("c++", "g++", "clang++")),
-                                reason="no C++ compiler on this machine (AOTInductor needs one: apt install g++)")
+pytestmark = [pytest.mark.skipif(not any(shutil.which(name) for name in ("c++", "g++", "clang++")),
+                                 reason="no C++ compiler on this machine (AOTInductor needs one: apt install g++)"),
+              pytest.mark.usefixtures("package_cache")]  # each test's own package cache (tests/conftest.py)
 
 REQUESTS = [
     InfillRequest("def add(a, b):\n    return ", "\n\nprint(add(1, 2))\n", "python", max_tokens=12, single_line=True),
     InfillRequest("def mean(values):\n    total = sum(values)\n", "\n", "python", max_tokens=16, candidates=2),
 ]
-
-
-@pytest.fixture(autouse=True)
-def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Each test's own package cache ($DIFFILL_CACHE)."""
-    monkeypatch.setenv("DIFFILL_CACHE", str(tmp_path / "cache"))
-    return default_cache_dir()
 
 
 @pytest.fixture(scope="module")
@@ -57,18 +50,18 @@ def package(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return compile_layers(engine.denoiser.model, tmp_path_factory.mktemp("packages"))
 
 
-def _engines(model_dir: Path, package: Path, cache: Path) -> tuple[InfillEngine, InfillEngine]:
+def _engines(model_dir: Path, package: Path, package_cache: Path) -> tuple[InfillEngine, InfillEngine]:
     """The tiny model eager, and loaded again with its package in the cache (both float32: mixed precision has its
     own tests, tests/test_mixed_precision.py)."""
-    cache.mkdir(parents=True, exist_ok=True)
-    (cache / package.name).write_bytes(package.read_bytes())
+    package_cache.mkdir(parents=True, exist_ok=True)
+    (package_cache / package.name).write_bytes(package.read_bytes())
     eager = InfillEngine.load(ModelSpec(path=str(model_dir), device="cpu", compiled_layers="off"))
     compiled = InfillEngine.load(ModelSpec(path=str(model_dir), device="cpu", dtype="float32", compiled_layers="auto"))
     return eager, compiled
 
 
-def test_compiled_layers_fill_as_the_eager_ones(model_dir, package, cache):
-    eager, compiled = _engines(model_dir, package, cache)
+def test_compiled_layers_fill_as_the_eager_ones(model_dir, package, package_cache):
+    eager, compiled = _engines(model_dir, package, package_cache)
     layers = compiled.denoiser.model.compiled_layers
     assert layers is not None and compiled.denoiser.compiled_layers_state.startswith("loaded")
     assert eager.denoiser.model.compiled_layers is None and eager.denoiser.compiled_layers_state == "off"
@@ -99,8 +92,8 @@ def test_compiled_layers_fill_as_the_eager_ones(model_dir, package, cache):
             torch.testing.assert_close(b, a, atol=1e-4, rtol=1e-4)
 
 
-def test_changed_weights_and_padded_batches_run_eagerly(model_dir, package, cache):
-    eager, compiled = _engines(model_dir, package, cache)
+def test_changed_weights_and_padded_batches_run_eagerly(model_dir, package, package_cache):
+    eager, compiled = _engines(model_dir, package, package_cache)
     model, reference = compiled.denoiser.model, eager.denoiser.model
     layers = model.compiled_layers
     context = torch.randint(5, model.config.vocab_size, (1, 20))
@@ -132,10 +125,10 @@ def test_changed_weights_and_padded_batches_run_eagerly(model_dir, package, cach
     assert layers.calls == calls  # changed weights: eager
 
 
-def test_a_damaged_package_is_not_used_and_is_compiled_again(model_dir, cache, caplog):
+def test_a_damaged_package_is_not_used_and_is_compiled_again(model_dir, package_cache, caplog):
     engine = InfillEngine.load(ModelSpec(path=str(model_dir), device="cpu", compiled_layers="off"))
-    cache.mkdir(parents=True)
-    (cache / package_key(engine.denoiser.model)).write_bytes(b"not a package")
+    package_cache.mkdir(parents=True)
+    (package_cache / package_key(engine.denoiser.model)).write_bytes(b"not a package")
     assert load_compiled_layers(engine.denoiser.model) is None
     assert "run eagerly" in caplog.text
     again = InfillEngine.load(ModelSpec(path=str(model_dir), device="cpu", dtype="float32", compiled_layers="auto"))
@@ -145,7 +138,7 @@ def test_a_damaged_package_is_not_used_and_is_compiled_again(model_dir, cache, c
     assert load_compiled_layers(engine.denoiser.model) is not None
 
 
-def test_the_compile_command_and_its_refusals(model_dir, cache):
+def test_the_compile_command_and_its_refusals(model_dir, package_cache):
     bf16 = subprocess.run([sys.executable, "-m", "diffill", "compile", "--model", str(model_dir), "--dtype",
                            "bfloat16"], capture_output=True, text=True, timeout=300)
     assert bf16.returncode == 1
@@ -179,30 +172,30 @@ def test_the_layers_are_compiled_by_default_unless_the_machine_says_off():
     assert "DIFFILL_COMPILED_LAYERS='sometimes' is not one of auto, off" in wrong.stderr
 
 
-def test_with_the_layers_off_a_server_neither_compiles_nor_loads_them(model_dir, package, cache):
-    cache.mkdir(parents=True, exist_ok=True)
-    (cache / package.name).write_bytes(package.read_bytes())
+def test_with_the_layers_off_a_server_neither_compiles_nor_loads_them(model_dir, package, package_cache):
+    package_cache.mkdir(parents=True, exist_ok=True)
+    (package_cache / package.name).write_bytes(package.read_bytes())
     engine = load_engine(ModelSpec(path=str(model_dir), device="cpu", compiled_layers="off"), serving=True)
     assert engine.denoiser.background_compile is None and engine.denoiser.model.compiled_layers is None
     assert engine.denoiser.compiled_layers_state == "off"
-    (cache / package.name).unlink()
+    (package_cache / package.name).unlink()
     again = load_engine(ModelSpec(path=str(model_dir), device="cpu", compiled_layers="off"), serving=True)
-    assert again.denoiser.background_compile is None and not any(cache.iterdir())
+    assert again.denoiser.background_compile is None and not any(package_cache.iterdir())
 
 
-def test_doctor_says_whether_the_compiled_layers_are_loaded(model_dir, package, cache):
-    cache.mkdir(parents=True, exist_ok=True)
-    (cache / package.name).write_bytes(package.read_bytes())
+def test_doctor_says_whether_the_compiled_layers_are_loaded(model_dir, package, package_cache):
+    package_cache.mkdir(parents=True, exist_ok=True)
+    (package_cache / package.name).write_bytes(package.read_bytes())
     off = diagnose(str(model_dir), None, "cpu", "float32", False, compiled_layers="off")["model"]
     assert off["compiled layers"] == "off"
     asked = diagnose(str(model_dir), None, "cpu", "float32", False, compiled_layers="auto")["model"]
-    assert asked["compiled layers"] == f"loaded ({cache / package.name})"
-    (cache / package.name).unlink()
+    assert asked["compiled layers"] == f"loaded ({package_cache / package.name})"
+    (package_cache / package.name).unlink()
     missing = diagnose(str(model_dir), None, "cpu", "float32", False, compiled_layers="auto")["model"]
     assert missing["compiled layers"].startswith("not compiled for this model")
 
 
-def test_a_server_compiles_in_the_background_and_then_uses_the_package(model_dir, cache):
+def test_a_server_compiles_in_the_background_and_then_uses_the_package(model_dir, package_cache):
     first = load_engine(ModelSpec(path=str(model_dir), device="cpu", compiled_layers="auto"), serving=True)
     denoiser = first.denoiser
     job = denoiser.background_compile
@@ -219,12 +212,12 @@ def test_a_server_compiles_in_the_background_and_then_uses_the_package(model_dir
     first.fill(REQUESTS[0])  # the next fill takes it
     assert denoiser.background_compile is None and denoiser.compiled_layers_state == "loaded"
     assert denoiser.model.compiled_layers is not None and denoiser.model.compiled_layers.calls > 0
-    assert sorted(p.name for p in cache.iterdir()) == [package_key(denoiser.model)]  # no lock, log or staging
+    assert sorted(p.name for p in package_cache.iterdir()) == [package_key(denoiser.model)]  # no lock, log or staging
     third = load_engine(spec, serving=True)  # a later start: cached
     assert third.denoiser.background_compile is None and third.denoiser.model.compiled_layers is not None
 
 
-def test_a_failed_background_compile_is_not_tried_again(model_dir, cache):
+def test_a_failed_background_compile_is_not_tried_again(model_dir, package_cache):
     engine = InfillEngine.load(ModelSpec(path=str(model_dir), device="cpu", compiled_layers="off"))
     failing = [sys.executable, "-c", "import sys; print('no compiler here'); sys.exit(3)"]
     job = BackgroundCompile(engine.denoiser.model, failing)
@@ -237,7 +230,7 @@ def test_a_failed_background_compile_is_not_tried_again(model_dir, cache):
     assert not again.start() and again.state.startswith("failed before")
 
 
-def test_a_compiled_package_that_does_not_load_is_not_compiled_again_at_each_start(model_dir, cache):
+def test_a_compiled_package_that_does_not_load_is_not_compiled_again_at_each_start(model_dir, package_cache):
     engine = InfillEngine.load(ModelSpec(path=str(model_dir), device="cpu", compiled_layers="off"))
     writes_junk = [sys.executable, "-c", "import sys, pathlib; a = sys.argv; "
                    "pathlib.Path(a[a.index('--cache-dir') + 1], a[a.index('--expect-key') + 1]).write_bytes(b'junk')"]
@@ -253,8 +246,8 @@ def test_a_compiled_package_that_does_not_load_is_not_compiled_again_at_each_sta
     assert restarted.fill(REQUESTS[0]).candidates  # it fills, eagerly
 
 
-def test_compiled_layers_that_fail_give_way_to_the_eager_ones(model_dir, package, cache, caplog):
-    eager, compiled = _engines(model_dir, package, cache)
+def test_compiled_layers_that_fail_give_way_to_the_eager_ones(model_dir, package, package_cache, caplog):
+    eager, compiled = _engines(model_dir, package, package_cache)
 
     def broken(*inputs):
         raise RuntimeError("the library could not run")
@@ -267,25 +260,25 @@ def test_compiled_layers_that_fail_give_way_to_the_eager_ones(model_dir, package
     assert "run eagerly from now on" in caplog.text
 
 
-def test_packages_no_server_has_loaded_for_a_month_are_removed(model_dir, package, cache):
+def test_packages_no_server_has_loaded_for_a_month_are_removed(model_dir, package, package_cache):
     import os
 
-    cache.mkdir(parents=True, exist_ok=True)
-    current = cache / package.name
+    package_cache.mkdir(parents=True, exist_ok=True)
+    current = package_cache / package.name
     current.write_bytes(package.read_bytes())
     month_ago = time.time() - 31 * 86400
-    old = cache / "layers-0123456789abcdef01234567.pt2"  # another model's, or an older PyTorch's or format's
+    old = package_cache / "layers-0123456789abcdef01234567.pt2"  # another model's, or an older PyTorch's or format's
     for path in (old, old.with_suffix(".failed"), old.with_suffix(".log")):
         path.write_text("old")
         os.utime(path, (month_ago, month_ago))
-    recent = cache / "layers-fedcba9876543210fedcba98.pt2"  # loaded by some server this week: kept
+    recent = package_cache / "layers-fedcba9876543210fedcba98.pt2"  # loaded by some server this week: kept
     recent.write_text("recent")
     os.utime(recent, (time.time() - 7 * 86400,) * 2)
     os.utime(current, (month_ago, month_ago))
     died = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    staging = cache / f".{died.stdout.strip()}.step.{package.name}"  # a compile that died mid-way left it
+    staging = package_cache / f".{died.stdout.strip()}.step.{package.name}"  # a compile that died mid-way left it
     staging.write_text("half")
     engine = InfillEngine.load(ModelSpec(path=str(model_dir), device="cpu", dtype="float32", compiled_layers="auto"))
     assert engine.denoiser.model.compiled_layers is not None
-    assert sorted(p.name for p in cache.iterdir()) == sorted([current.name, recent.name])
+    assert sorted(p.name for p in package_cache.iterdir()) == sorted([current.name, recent.name])
     assert current.stat().st_mtime > time.time() - 60  # loading it counts as its use

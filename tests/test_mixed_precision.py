@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from infill_engine import device
-from infill_engine.compiled_layers import compile_layers, default_cache_dir, package_key
+from infill_engine.compiled_layers import compile_layers, package_key
 from infill_engine.device import cpu_dtype, dtype_choice
 from infill_engine.doctor import diagnose
 from infill_engine.engine import InfillEngine, InfillRequest
@@ -24,13 +24,7 @@ from tests import tiny_models
 REQUEST = InfillRequest("def add(a, b):\n    return ", "\n\nprint(add(1, 2))\n", "python", max_tokens=12,
                         single_line=True)
 SMALL = StoredWeights(6_917_376, "BF16")  # the embedded model
-
-
-@pytest.fixture(autouse=True)
-def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Each test's own package cache ($DIFFILL_CACHE)."""
-    monkeypatch.setenv("DIFFILL_CACHE", str(tmp_path / "cache"))
-    return default_cache_dir()
+pytestmark = pytest.mark.usefixtures("package_cache")  # each test's own package cache (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +100,7 @@ def test_auto_mixes_a_small_model_only_where_its_layers_are_compiled_on_a_cpu_wi
 
 @pytest.mark.skipif(not any(shutil.which(name) for name in ("c++", "g++", "clang++")),
                     reason="no C++ compiler on this machine (AOTInductor needs one: apt install g++)")
-def test_a_mixed_models_compiled_layers_give_its_eager_numbers(model_dir, cache):
+def test_a_mixed_models_compiled_layers_give_its_eager_numbers(model_dir, package_cache):
     eager = InfillEngine.load(ModelSpec(path=str(model_dir), device="cpu", dtype="mixed", compiled_layers="off"))
     full = InfillEngine.load(ModelSpec(path=str(model_dir), device="cpu", dtype="float32", compiled_layers="off"))
     path = compile_layers(eager.denoiser.model)
