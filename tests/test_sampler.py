@@ -14,6 +14,7 @@ from infill_engine.sampler import (
     SamplerConfig,
     StepView,
     denoise_span,
+    pick_tokens,
     row_temperatures,
     temperature_at,
 )
@@ -743,3 +744,14 @@ def test_end_after_content_does_not_commit_what_the_model_writes_only_because_it
     assert all(not bool((canvas[:, -1] == line_break).any()) for canvas in denoiser.seen_canvases)
     plain = denoise_span(denoiser, [], [], length, GREEDY).tokens[0]
     assert text_of(tokenizer, denoiser, plain) == "   "  # without the rule: indentation alone
+
+
+def test_the_greedy_token_of_a_tie_is_the_first_of_the_tied():
+    logits = torch.full((1, 3, 10), -1.0)
+    logits[0, 0, [4, 7]] = 5.0  # a tie: the first, as argmax breaks it
+    logits[0, 1, 9] = 2.0
+    logits[0, 2, [0, 1, 2]] = 3.0
+    generator = torch.Generator().manual_seed(0)
+    prediction = pick_tokens(logits, torch.zeros(1), "confidence", generator)
+    assert prediction.argmax.tolist() == [[4, 9, 0]] == logits.argmax(dim=-1).tolist()
+    assert prediction.drawn.tolist() == [[4, 9, 0]]  # greedy: the drawn token is the argmax
