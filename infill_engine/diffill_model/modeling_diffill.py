@@ -334,7 +334,7 @@ class DiffillForInfilling(DiffillPreTrainedModel):
         padded = context_padding_mask is not None and not bool(context_padding_mask.all())
         context_padding_mask = context_padding_mask.bool() if padded else None
         compiled = None
-        if not padded and self.config.causal_context:  # the compiled blocks read a causal context as extend_context
+        if not padded and self.config.causal_context and getattr(self, "compiled_layers", None):  # as extend_context
             B, C, _ = x.shape
             heads = self.config.num_key_value_heads or self.config.num_attention_heads
             shape = (B, heads, C, self.config.hidden_size // self.config.num_attention_heads)
