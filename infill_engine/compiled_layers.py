@@ -43,6 +43,7 @@ MAX_ROWS = 512  # canvas positions per row
 MAX_LENGTH = 4096  # context + canvas positions of the keys/values buffers
 PACKAGE_FORMAT = 2  # in the package's key: 2 holds the step's and the context's libraries (1: the step's only)
 UNUSED_DAYS = 30  # a package no server has loaded for this long is removed when another is loaded or compiled
+STAGING_HOURS = 1  # a compile's staging file this old whose process is gone (here) is removed with them
 GRAPHS = ("step", "context")  # the package's libraries, each a member `NAME.so` of its zip file
 
 
@@ -331,30 +332,41 @@ def load_compiled_layers(model: nn.Module, cache_dir: Path | None = None) -> Com
 
 def prune_cache(cache_dir: Path, keep: Path, days: float = UNUSED_DAYS) -> list[Path]:
     """Remove the packages (and their markers and logs) that no server has loaded for `days`, but `keep`, and what a
-    compile that died left behind; the paths removed. Another model's, PyTorch's or format's package is 20-40 MB."""
+    compile that died left behind (an hour ago or more: a cache shared between machines sees others' pids as gone);
+    the paths removed. Another model's, PyTorch's or format's package is 20-40 MB."""
     import time
 
     cutoff = time.time() - days * 86400
     removed = []
     for path in cache_dir.glob("layers-*.pt2"):
-        try:
-            unused = path != keep and path.stat().st_mtime < cutoff
-        except OSError:
-            continue
-        if unused and _lock_holder(path.with_suffix(".lock")) is None:
-            for leftover in (path, *(path.with_suffix(suffix) for suffix in (".failed", ".log", ".lock"))):
-                if leftover.exists():
-                    leftover.unlink(missing_ok=True)
-                    removed.append(leftover)
+        if path != keep and _older_than(path, cutoff) and _lock_holder(path.with_suffix(".lock")) is None:
+            removed += [p for p in (path, *(path.with_suffix(x) for x in (".failed", ".log", ".lock"))) if _removed(p)]
     for staging in cache_dir.glob(".*.pt2"):  # `.PID.NAME`: a compile's files while it runs
         pid = staging.name.split(".")[1]
-        if pid.isdigit() and not _alive(int(pid)):
-            staging.unlink(missing_ok=True)
+        if pid.isdigit() and not _alive(int(pid)) and _older_than(staging, time.time() - STAGING_HOURS * 3600) \
+                and _removed(staging):
             removed.append(staging)
     for path in removed:
         logger.info("removed %s from the compiled layers' cache (unused for %d days, or left by a compile that died)",
                     path, days)
     return removed
+
+
+def _older_than(path: Path, cutoff: float) -> bool:
+    """Whether `path` was last written before `cutoff` (a time.time() value); False where it cannot be read."""
+    try:
+        return path.stat().st_mtime < cutoff
+    except OSError:
+        return False
+
+
+def _removed(path: Path) -> bool:
+    """Whether `path` was there and is removed now (another user's file in a shared cache stays)."""
+    try:
+        path.unlink()
+    except OSError:  # gone already, or not ours to remove
+        return False
+    return True
 
 
 def _open_package(model: nn.Module, path: Path) -> CompiledLayers:

@@ -278,7 +278,10 @@ def test_packages_no_server_has_loaded_for_a_month_are_removed(model_dir, packag
     died = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     staging = package_cache / f".{died.stdout.strip()}.step.{package.name}"  # a compile that died mid-way left it
     staging.write_text("half")
+    os.utime(staging, (time.time() - 2 * 3600,) * 2)
+    recent_staging = package_cache / f".{died.stdout.strip()}.context.{package.name}"  # minutes old: kept (the
+    recent_staging.write_text("half")  # cache may be shared with a machine where that process runs)
     engine = InfillEngine.load(ModelSpec(path=str(model_dir), device="cpu", dtype="float32", compiled_layers="auto"))
     assert engine.denoiser.model.compiled_layers is not None
-    assert sorted(p.name for p in package_cache.iterdir()) == sorted([current.name, recent.name])
+    assert sorted(p.name for p in package_cache.iterdir()) == sorted([current.name, recent.name, recent_staging.name])
     assert current.stat().st_mtime > time.time() - 60  # loading it counts as its use
