@@ -204,10 +204,9 @@ def test_a_server_compiles_in_the_background_and_then_uses_the_package(model_dir
     second = load_engine(spec, serving=True)  # another server meanwhile
     assert second.denoiser.background_compile is None
     assert second.denoiser.compiled_layers_state.startswith("being compiled by process")
-    deadline = time.monotonic() + 600
-    while job.process is not None and job.process.poll() is None and time.monotonic() < deadline:
-        first.fill(REQUESTS[0])  # fills go on, eagerly, while it compiles
-        time.sleep(0.5)
+    first.fill(REQUESTS[0])  # fills go on, eagerly, while it compiles (tens of seconds)
+    assert first.denoiser.model.compiled_layers is None and job.process.poll() is None
+    job.process.wait(timeout=600)
     assert first.denoiser.model.compiled_layers is None  # not swapped in behind a fill's back
     first.fill(REQUESTS[0])  # the next fill takes it
     assert denoiser.background_compile is None and denoiser.compiled_layers_state == "loaded"
