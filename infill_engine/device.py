@@ -92,17 +92,18 @@ def dtype_choice(device: torch.device, requested: str = "auto", weights: StoredW
         return "float16", "auto: a GPU without bfloat16"
     if device.type != "cpu":
         return "float32", f"auto: float32 on {device.type}"
-    name, why = cpu_dtype(weights, cpu_has_bfloat16(), ram_gib(), compiled and cpu_has_amx())
+    name, why = cpu_dtype(weights, cpu_has_bfloat16(), ram_gib(), compiled and cpu_has_bfloat16())
     return name, f"auto: {why}"
 
 
 def cpu_dtype(weights: StoredWeights | None, bfloat16_hardware: bool, ram: float,
-              compiled_on_amx: bool = False) -> tuple[str, str]:
+              compiled_with_bfloat16: bool = False) -> tuple[str, str]:
     """The dtype `auto` picks on the CPU for these weights (None: unknown, taken as small) and `ram` GiB, and why.
 
-    A small model runs in float32; where its layers are compiled (`compiled_layers.py`) on a CPU with AMX, with its
-    blocks' matrix products in bfloat16 (mixed): the compiled layers multiply them two to three times as fast, at no
-    cost in pass@1 (eagerly mixed precision is no faster: docs/BENCHMARKS.md, "Mixed precision"). A large
+    A small model runs in float32; where its layers are compiled (`compiled_layers.py`) on a CPU with bfloat16
+    arithmetic (`compiled_with_bfloat16`: AMX or AVX-512 BF16), with its blocks' matrix products in bfloat16 (mixed):
+    the compiled layers multiply them faster (AMX: 2.9x; AVX-512 BF16: 1.5x), at no cost in pass@1 (eagerly mixed
+    precision is no faster for a single line: docs/BENCHMARKS.md, "Mixed precision"). A large
     one runs in bfloat16 when it is stored so and the CPU has bfloat16 arithmetic (half the memory and faster, in the
     precision it was trained in); otherwise in float32 when that copy fits the RAM (a CPU without bfloat16 arithmetic
     runs float32 faster), and in bfloat16 when only that fits."""
@@ -110,9 +111,9 @@ def cpu_dtype(weights: StoredWeights | None, bfloat16_hardware: bool, ram: float
         return "float32", "weights not read: float32 on the CPU"
     if weights.parameters < LARGE_MODEL_PARAMETERS:
         small = f"a small model ({weights.parameters / 1e6:.1f}M parameters)"
-        if compiled_on_amx:
-            return "mixed", f"{small}, its layers compiled for a CPU with AMX: float32, the blocks' matrix " \
-                            "products in bfloat16"
+        if compiled_with_bfloat16:
+            return "mixed", f"{small}, its layers compiled for a CPU with bfloat16 arithmetic: float32, the " \
+                            "blocks' matrix products in bfloat16"
         return "float32", f"{small}: float32 on the CPU"
     size = f"{weights.parameters / 1e9:.2f}B parameters stored in {weights.dtype}"
     if weights.dtype == "BF16" and bfloat16_hardware:

@@ -44,7 +44,8 @@ DEFAULT_DUAL_CACHE = 0
 # compiled_layers.py). auto: a package in the cache is used, and a server compiles a missing one in the background at
 # the lowest priority; off: the layers always run eagerly. auto by default: ghost text through LSP 2.2 ms sooner at
 # p50 (5 %) in float32, fills 5-10 % faster (docs/BENCHMARKS.md, "Layers compiled ahead of time"); with them on, a
-# CPU with AMX runs the model mixed (--dtype auto), a single-line fill 21 ms against 33-35 ("Mixed precision"). $DIFFILL_COMPILED_LAYERS
+# CPU with bfloat16 arithmetic runs the model mixed (--dtype auto), a single-line fill 21 ms against 33-35 on AMX
+# ("Mixed precision"), 29-34 against 36-37 on AVX-512 BF16 ("On a CPU without AMX"). $DIFFILL_COMPILED_LAYERS
 # sets a machine's default (off where nothing should compile: CI, a read-only home); options and settings win.
 COMPILED_LAYERS = ("auto", "off")
 COMPILED_LAYERS_ENV = "DIFFILL_COMPILED_LAYERS"

@@ -3,7 +3,8 @@
 A denoising step multiplies a few canvas rows by every weight matrix of the model, so on the CPU it is bound by
 reading the weights and by the calls, not by the arithmetic. bfloat16 weights are half the bytes, and on a CPU with
 AMX the compiled layers (`compiled_layers.py`) run them through inductor's AMX micro-kernels: the embedded model's
-blocks over 13 rows take 0.90 ms instead of 2.59 in float32 (docs/BENCHMARKS.md, "Mixed precision"). Only the
+blocks over 13 rows take 0.90 ms instead of 2.59 in float32 (docs/BENCHMARKS.md, "Mixed precision"); with AVX-512 BF16
+alone (Zen 4) through oneDNN's bfloat16 products, 1.82 ms instead of 2.72 ("On a CPU without AMX"). Only the
 products are rounded: each layer's input is cast to bfloat16 and its output back to float32, and the residual stream,
 the norms, the rotary, the attention, the output layer (whose logits the sampler compares: in bfloat16 it cost the
 embedded model 0.38 points of pass@1) and the sampler stay float32.

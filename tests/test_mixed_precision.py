@@ -80,19 +80,20 @@ def test_mixed_is_for_the_cpu_and_for_float32_models_with_linear_layers(model_di
     assert not is_mixed(bf16)
 
 
-def test_auto_mixes_a_small_model_only_where_its_layers_are_compiled_on_a_cpu_with_amx(model_dir, monkeypatch):
-    name, why = cpu_dtype(SMALL, True, ram=24.0, compiled_on_amx=True)
-    assert name == "mixed" and "compiled for a CPU with AMX" in why
+def test_auto_mixes_a_small_model_only_where_its_layers_are_compiled_on_a_cpu_with_bfloat16(model_dir, monkeypatch):
+    name, why = cpu_dtype(SMALL, True, ram=24.0, compiled_with_bfloat16=True)
+    assert name == "mixed" and "compiled for a CPU with bfloat16 arithmetic" in why
     assert cpu_dtype(SMALL, True, ram=24.0)[0] == "float32"
-    assert cpu_dtype(StoredWeights(494_032_768, "BF16"), True, ram=512.0, compiled_on_amx=True)[0] == "bfloat16"
-    monkeypatch.setattr(device, "cpu_has_amx", lambda: True)
-    assert load_denoiser(model_dir, compiled_layers="auto").precision == "mixed"
-    assert load_denoiser(model_dir, compiled_layers="off").precision == "float32"  # eager: no faster mixed
+    assert cpu_dtype(StoredWeights(494_032_768, "BF16"), True, ram=512.0, compiled_with_bfloat16=True)[0] == "bfloat16"
+    for flags in (["avx512f", "amx_bf16", "avx512_bf16"], ["avx512f", "avx512_bf16"]):  # AMX, or AVX-512 BF16 alone
+        monkeypatch.setattr(device, "cpu_flags", lambda *_, flags=flags: flags)
+        assert load_denoiser(model_dir, compiled_layers="auto").precision == "mixed"
+        assert load_denoiser(model_dir, compiled_layers="off").precision == "float32"  # eager: no faster mixed
     report = diagnose(str(model_dir), None, "cpu", "auto", False, compiled_layers="auto")
     assert report["device"]["dtype"] == "mixed" and report["model"]["dtype"] == "mixed"
-    monkeypatch.setattr(device, "cpu_has_amx", lambda: False)
+    monkeypatch.setattr(device, "cpu_flags", lambda *_: ["avx2", "avx512f"])  # no bfloat16 arithmetic: emulated, slower
     assert load_denoiser(model_dir, compiled_layers="auto").precision == "float32"
-    monkeypatch.setattr(device, "cpu_has_amx", lambda: True)
+    monkeypatch.setattr(device, "cpu_flags", lambda *_: ["avx512_bf16"])
     bert = tiny_models.build_bert(model_dir.parent / "bert")  # a family whose layers are never compiled
     assert load_denoiser(bert, compiled_layers="auto").precision == "float32"
     assert load_denoiser(bert, dtype="mixed", compiled_layers="auto").precision == "mixed"  # asked for: as asked
