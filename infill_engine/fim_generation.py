@@ -107,7 +107,10 @@ class FimFill:
 class FimGenerator:
     """Greedy fill-in-the-middle with an autoregressive twin and its tokenizer."""
 
-    def __init__(self, model: Any, tokenizer: Any, context: ContextConfig | None = None) -> None:
+    def __init__(
+        self, model: Any, tokenizer: Any, context: ContextConfig | None = None, *, precision: str = "float32",
+        compiled_layers: str = "off",
+    ) -> None:
         if not getattr(model.config, "autoregressive", False):
             raise ValueError("not an autoregressive twin: its config lacks autoregressive=true")
         self.model = model.eval()
@@ -117,6 +120,8 @@ class FimGenerator:
         self.max_positions = int(model.config.max_position_embeddings)
         self.device = next(model.parameters()).device
         self._never = torch.tensor(self.tokens.never_ids, dtype=torch.long, device=self.device)
+        self.precision = precision  # as loaded: float32, mixed, bfloat16 (for reports)
+        self.compiled_layers = compiled_layers  # whether its layers run compiled, and why not (for reports)
 
     @torch.no_grad()
     def fill(
@@ -200,13 +205,15 @@ class FimGenerator:
         return output.logits[:, -1]  # (1, V)
 
 
-def load_twin(path: str, device: str = "cpu", context: ContextConfig | None = None) -> FimGenerator:
-    """A generator over the autoregressive twin saved at `path` (a checkpoint or an export), in float32."""
-    from transformers import AutoTokenizer
+def load_twin(
+    path: str, device: str = "cpu", context: ContextConfig | None = None, dtype: str = "float32",
+    compiled_layers: str = "off",
+) -> FimGenerator:
+    """A generator over the autoregressive twin saved at `path` (a checkpoint or an export), loaded as the diffusion
+    model is (`loading.load_denoiser`: the same `dtype` choice, packed weights, and its layers compiled where
+    `compiled_layers` is auto and `diffill compile --model PATH` has cached them), so that the two compare fairly."""
+    from infill_engine.loading import load_denoiser
 
-    from infill_engine.diffill_model import DiffillForInfilling
-    from infill_engine.packed_weights import pack_linear_weights
-
-    model = DiffillForInfilling.from_pretrained(path, dtype=torch.float32).to(device)
-    pack_linear_weights(model)  # as the diffusion model is when loaded, so that the two compare fairly
-    return FimGenerator(model, AutoTokenizer.from_pretrained(path), context)
+    denoiser = load_denoiser(path, family="diffill", device=device, dtype=dtype, compiled_layers=compiled_layers)
+    return FimGenerator(denoiser.model, denoiser.tokenizer, context, precision=denoiser.precision,
+                        compiled_layers=getattr(denoiser, "compiled_layers_state", "off"))

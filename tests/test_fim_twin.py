@@ -262,3 +262,30 @@ def test_bench_vs_ar_single_line_stops_both_sides_at_the_line_break(tmp_path, tw
     for row in report["outcomes"]:
         for side in ("diffusion", "autoregressive"):
             assert cut_at_suffix_line(row[side]["completion"], first_suffix_line(suffixes[row["task_id"]])) is None
+
+
+def test_the_twin_is_loaded_as_the_diffusion_model_is(tmp_path, twin_checkpoint, capsys, package_cache):
+    from infill_engine.compiled_layers import compile_layers
+    from infill_engine.fim_generation import load_twin
+
+    data = write_problems(tmp_path / "problems.jsonl.gz")
+    diffusion = tiny_models.build_diffill(tmp_path / "diffusion")
+    out = tmp_path / "vs-ar.json"
+    common = ["bench", "vs-ar", "--model", str(diffusion), "--twin", str(twin_checkpoint), "--data", str(data),
+              "--max-tokens", "8", "--workers", "1", "--threads", "1", "--sample", "2", "--sweep", "--out", str(out)]
+    for dtype in ("float32", "mixed"):  # the same precision on both sides, said in the report and the table
+        assert main([*common, "--dtype", dtype, "--compiled-layers", "off"]) == 0
+        report = json.loads(out.read_text())
+        assert report["dtype"] == report["twin_dtype"] == dtype and report["twin_compiled_layers"] == "off"
+        assert f"twin:      {dtype}, compiled layers off" in capsys.readouterr().out
+
+    # compiled layers: `diffill compile --model TWIN` caches them, and the twin then decodes through them, token for
+    # token as eagerly (float32)
+    eager = load_twin(str(twin_checkpoint), dtype="float32", compiled_layers="off")
+    compile_layers(eager.model)
+    compiled = load_twin(str(twin_checkpoint), dtype="float32", compiled_layers="auto")
+    assert compiled.compiled_layers.startswith("loaded") and compiled.model.compiled_layers is not None
+    prefix, suffix = "def total(values):\n    result = 0\n    for value in values:\n", "\n    return result\n"
+    fill = compiled.fill(prefix, suffix, 12)
+    assert fill.token_ids == eager.fill(prefix, suffix, 12).token_ids
+    assert compiled.model.compiled_layers.context_calls == fill.forward_passes  # the prompt, then a call a token

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from infill_engine.commands import UsageError, load_in_process
-from infill_engine.interface import add_model_options
+from infill_engine.interface import add_model_options, model_spec_from_args
 
 # One-knob-at-a-time departures from the engine's defaults (threshold commits, 24 steps, threshold 0.9).
 DEFAULT_SWEEP = (
@@ -78,13 +78,21 @@ def run(args: argparse.Namespace) -> int:
         sample = spread_sample(problems, args.sample)
         sweep_sample = None if args.sweep_sample is None else spread_sample(problems, args.sweep_sample)
         engine = load_in_process(args)
-        twin = load_twin(args.twin, device=str(engine.denoiser.device), context=engine.context)
+        spec = model_spec_from_args(args)  # the twin is loaded as the diffusion model is: dtype, compiled layers
+        twin = load_twin(args.twin, device=str(engine.denoiser.device), context=engine.context, dtype=spec.dtype,
+                         compiled_layers=spec.compiled_layers)
         report = compare(engine, twin, sample, args.max_tokens, args.sweep, sweep_sample, args.uncached,
                          args.workers, progress=_progress, single_line=args.single_line,
                          stop_at_suffix=args.stop_at_suffix)
     except (ValueError, OSError) as error:
         raise UsageError(str(error)) from None
-    report = {**run_header(engine), "twin": str(args.twin), **report}
+    header = run_header(engine)
+    if header["compiled_layers"].startswith("loaded") and not twin.compiled_layers.startswith("loaded"):
+        print(f"note: the diffusion model's layers run compiled and the twin's do not ({twin.compiled_layers}); "
+              f"`diffill compile --model {args.twin}` compiles the twin's for a like-for-like comparison",
+              file=sys.stderr)
+    report = {**header, "twin": str(args.twin), "twin_dtype": twin.precision,
+              "twin_compiled_layers": twin.compiled_layers, **report}
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
@@ -107,6 +115,8 @@ def table(report: dict) -> str:
         f"{diffusion['problems']} problems, {report['max_tokens']} positions"
         f"{', single line' if report.get('single_line') else ''}"
         f"{', stopped at the suffix' if report.get('stop_at_suffix') else ''}",
+        f"diffusion: {report['dtype']}, compiled layers {report['compiled_layers']}",
+        f"twin:      {report['twin_dtype']}, compiled layers {report['twin_compiled_layers']}",
         f"{'':16}{'pass@1':>8}{'exact':>8}{'ms p50':>9}{'ms mean':>9}{'ms p90':>9}{'cpu p50':>9}{'fwd p50':>9}"
         f"{'tok p50':>9}",
     ]

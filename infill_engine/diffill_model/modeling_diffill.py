@@ -535,7 +535,10 @@ class DiffillForInfilling(DiffillPreTrainedModel):
             keys, values = _kv_buffers(cache, B, T)  # each layer's (B, Hkv, C + T, D): the context's, then the new
         compiled = None
         if cache.padding_mask is None and cache.batch_size == B:
-            compiled = self._compiled_context_rows(x, cos, sin, keys, values, start=C)
+            # the room's whole buffers where there is one (contiguous, as the compiled call takes them): each row
+            # attends only up to its own slot, so the positions past C + T are never read
+            buffers = (room.keys, room.values) if room is not None else (keys, values)
+            compiled = self._compiled_context_rows(x, cos, sin, *buffers, start=C)
         if compiled is not None:
             x = compiled
         else:
