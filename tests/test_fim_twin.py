@@ -264,7 +264,8 @@ def test_bench_vs_ar_single_line_stops_both_sides_at_the_line_break(tmp_path, tw
             assert cut_at_suffix_line(row[side]["completion"], first_suffix_line(suffixes[row["task_id"]])) is None
 
 
-def test_the_twin_is_loaded_as_the_diffusion_model_is(tmp_path, twin_checkpoint, capsys, package_cache):
+def test_the_twin_is_loaded_as_the_diffusion_model_is(tmp_path, twin_checkpoint, capsys, package_cache,
+                                                         monkeypatch):
     from infill_engine.compiled_layers import compile_layers
     from infill_engine.fim_generation import load_twin
 
@@ -286,6 +287,9 @@ def test_the_twin_is_loaded_as_the_diffusion_model_is(tmp_path, twin_checkpoint,
     compiled = load_twin(str(twin_checkpoint), dtype="float32", compiled_layers="auto")
     assert compiled.compiled_layers.startswith("loaded") and compiled.model.compiled_layers is not None
     prefix, suffix = "def total(values):\n    result = 0\n    for value in values:\n", "\n    return result\n"
+    poisoned = torch.Tensor.new_empty  # new memory may hold anything, NaN included: the reserved room's does here
+    monkeypatch.setattr(torch.Tensor, "new_empty", lambda self, *size, **kw: poisoned(self, *size, **kw).fill_(
+        float("nan")))
     fill = compiled.fill(prefix, suffix, 12)
     assert fill.token_ids == eager.fill(prefix, suffix, 12).token_ids
     assert compiled.model.compiled_layers.context_calls == fill.forward_passes  # the prompt, then a call a token

@@ -568,6 +568,8 @@ class DiffillForInfilling(DiffillPreTrainedModel):
             raise ValueError("reserve_context takes an unpadded context (one row per context)")
         B, C = cache.batch_size, cache.length
         keys, values = _kv_buffers(cache, B, extra)
+        for buffer in (*keys, *values):  # the compiled layers read the whole room, masked past each row's position:
+            buffer[:, :, C:] = 0  # what they mask must be a number (a weight of 0 times NaN is NaN), not new memory
         room = DiffillContextCache(keys=keys, values=values, padding_mask=None)
         if cache.hidden is not None:
             room.hidden = cache.hidden.new_empty(B, C + extra, cache.hidden.shape[-1])
