@@ -92,7 +92,8 @@ def dtype_choice(device: torch.device, requested: str = "auto", weights: StoredW
         return "float16", "auto: a GPU without bfloat16"
     if device.type != "cpu":
         return "float32", f"auto: float32 on {device.type}"
-    name, why = cpu_dtype(weights, cpu_has_bfloat16(), ram_gib(), compiled and cpu_has_bfloat16())
+    bfloat16_hardware = cpu_has_bfloat16()
+    name, why = cpu_dtype(weights, bfloat16_hardware, ram_gib(), compiled and bfloat16_hardware)
     return name, f"auto: {why}"
 
 

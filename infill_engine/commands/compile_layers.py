@@ -40,7 +40,8 @@ def run(args: argparse.Namespace) -> int:
 
     torch.set_num_threads(spec.threads or 1)
     try:
-        # "auto": `--dtype auto` then picks what a server running compiled layers picks (mixed on a CPU with bfloat16 arithmetic)
+        # "auto": `--dtype auto` then picks what a server running compiled layers picks (mixed on a CPU with
+        # bfloat16 arithmetic)
         denoiser = load_denoiser(spec.path, family=spec.family, device=spec.device, dtype=spec.dtype,
                                  trust_remote_code=spec.trust_remote_code, compiled_layers="auto")
     except ModelLoadError as error:
