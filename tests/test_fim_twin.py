@@ -274,6 +274,8 @@ def test_the_twin_is_loaded_as_the_diffusion_model_is(tmp_path, twin_checkpoint,
     out = tmp_path / "vs-ar.json"
     common = ["bench", "vs-ar", "--model", str(diffusion), "--twin", str(twin_checkpoint), "--data", str(data),
               "--max-tokens", "8", "--workers", "1", "--threads", "1", "--sample", "2", "--sweep", "--out", str(out)]
+    assert main([*common[:4], "--twin", str(tmp_path / "missing"), *common[6:]]) == 2  # a clear error, no traceback
+    assert "the twin: model directory" in capsys.readouterr().err
     for dtype in ("float32", "mixed"):  # the same precision on both sides, said in the report and the table
         assert main([*common, "--dtype", dtype, "--compiled-layers", "off"]) == 0
         report = json.loads(out.read_text())

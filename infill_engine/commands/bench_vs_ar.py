@@ -63,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
     from infill_engine.commands.bench import run_header
     from infill_engine.evaluation import DEFAULT_BENCH, load_problems, spread_sample
     from infill_engine.fim_generation import load_twin
+    from infill_engine.loading import ModelLoadError
     from infill_engine.sampler import sampler_overrides
     from infill_engine.twin_bench import compare, plot_sweep
 
@@ -84,8 +85,8 @@ def run(args: argparse.Namespace) -> int:
         report = compare(engine, twin, sample, args.max_tokens, args.sweep, sweep_sample, args.uncached,
                          args.workers, progress=_progress, single_line=args.single_line,
                          stop_at_suffix=args.stop_at_suffix)
-    except (ValueError, OSError) as error:
-        raise UsageError(str(error)) from None
+    except (ValueError, OSError, ModelLoadError) as error:
+        raise UsageError(f"the twin: {error}" if isinstance(error, ModelLoadError) else str(error)) from None
     header = run_header(engine)
     if header["compiled_layers"].startswith("loaded") and not twin.compiled_layers.startswith("loaded"):
         print(f"note: the diffusion model's layers run compiled and the twin's do not ({twin.compiled_layers}); "
