@@ -359,6 +359,40 @@ def test_interrupted_and_resumed_run_ends_with_the_same_weights(prepared_run: Pa
     assert len(list_checkpoints(straight)) == 2  # only the newest two are kept
 
 
+def test_bfloat16_training_follows_float32_and_resumes_in_either(prepared_run: Path, source_dir: Path,
+                                                                 tmp_path: Path) -> None:
+    runs = {}
+    for precision in ("float32", "bfloat16"):
+        run_dir = copy_run(prepared_run, tmp_path / precision)
+        result = train(tiny_config(run_dir, source_dir, precision=precision, dense=True))
+        assert result.stopped_by == "steps" and result.step == 6
+        runs[precision] = run_dir
+    losses = {p: [float(r["loss"]) for r in iter_log(d)] for p, d in runs.items()}
+    # the same batches, the same start: bfloat16 arithmetic changes the losses only in their rounding
+    assert len(losses["bfloat16"]) == 6 and losses["bfloat16"] != losses["float32"]
+    for low, full in zip(losses["bfloat16"], losses["float32"]):
+        assert abs(low - full) <= 0.02 * full
+    # weights and optimizer state stay float32, so a bfloat16 run resumes in float32 and the other way round
+    weights = load_file(latest_checkpoint(runs["bfloat16"]) / "model.safetensors")
+    assert {t.dtype for t in weights.values()} == {torch.float32}
+    result = train(tiny_config(runs["bfloat16"], source_dir, precision="float32", dense=True, steps=8))
+    assert result.step == 8 and result.eval_loss is not None
+
+
+def test_precision_auto_is_bfloat16_where_the_hardware_does_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from infill_engine import device as device_module
+    from infill_engine.training.train import trains_in_bfloat16
+
+    cpu = torch.device("cpu")
+    for hardware in (True, False):
+        monkeypatch.setattr(device_module, "cpu_has_bfloat16", lambda hardware=hardware: hardware)
+        assert trains_in_bfloat16(cpu, "auto") is hardware
+        assert trains_in_bfloat16(cpu, "float32") is False and trains_in_bfloat16(cpu, "bfloat16") is True
+    assert trains_in_bfloat16(torch.device("cuda"), "auto") is True
+    with pytest.raises(ValueError, match="unknown precision 'half'; allowed: auto, float32, bfloat16"):
+        TrainConfig(run_dir=Path("unused"), precision="half")
+
+
 def test_a_leftover_partial_checkpoint_is_ignored(prepared_run: Path, source_dir: Path, tmp_path: Path) -> None:
     run_dir = copy_run(prepared_run, tmp_path / "run")
     train(tiny_config(run_dir, source_dir, stop_at_step=2))
@@ -428,7 +462,7 @@ def test_train_command_runs_from_the_cli(prepared_run: Path, source_dir: Path, t
 
     run_dir = copy_run(prepared_run, tmp_path / "run")
     argv = ["train", "--run-dir", str(run_dir), "--no-stdlib", "--source", str(source_dir), "--preset", "tiny",
-            "--steps", "2", "--batch-size", "2", "--seq-len", "80", "--checkpoint-every", "1"]
+            "--steps", "2", "--batch-size", "2", "--seq-len", "80", "--checkpoint-every", "1", "--precision", "bfloat16"]
     assert main(argv) == 0
     assert latest_checkpoint(run_dir).name == "step-00000002"
     assert main(argv + ["--no-resume"]) == 2  # refused: the directory already has checkpoints

@@ -42,6 +42,9 @@ PRESETS = {
 }
 
 
+PRECISIONS = ("auto", "float32", "bfloat16")  # TrainConfig.precision
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Everything a training run is told; None means the preset's value."""
@@ -57,6 +60,9 @@ class TrainConfig:
     lr: float | None = None  # peak learning rate
     vocab_size: int | None = None  # tokenizer size, used only when the run directory has no tokenizer yet
     device: str = "auto"
+    # the forward and backward's arithmetic: float32, bfloat16 (autocast over float32 weights and optimizer state),
+    # or auto: bfloat16 on a GPU and on a CPU with bfloat16 arithmetic in hardware, float32 elsewhere
+    precision: str = "auto"
     seed: int = 0
     resume: bool | None = None  # None: resume when the run directory has a checkpoint
     init_from: Path | None = None  # a new run starts from this model's weights and tokenizer (e.g. the shipped one)
@@ -114,6 +120,8 @@ class TrainConfig:
                                     or self.end_weight != 1.0):
             raise ValueError("--autoregressive trains the twin's own objective: it takes no --dense, --holes, "
                              "--certainty-weight, --end-weight or --data-workers")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"unknown precision {self.precision!r}; allowed: {', '.join(PRECISIONS)}")
         if not self.use_stdlib and not self.sources:
             raise ValueError("no training data: give --source DIR, or leave the standard library in")
 

@@ -106,7 +106,8 @@ def make_optimizer(model: torch.nn.Module, config: TrainConfig, device: torch.de
 
 @torch.no_grad()
 def evaluate(
-    model: DiffillForInfilling, batches: list[dict[str, torch.Tensor]], device: torch.device, tokens: SpanTokens
+    model: DiffillForInfilling, batches: list[dict[str, torch.Tensor]], device: torch.device, tokens: SpanTokens,
+    bfloat16: bool = False,
 ) -> tuple[float, float, float]:
     """Mean loss over fixed held-out batches, the accuracy at masked positions of the middle (not end-of-span), and the
     share of those positions whose top probability reaches the sampler's commit threshold ("sure").
@@ -119,7 +120,7 @@ def evaluate(
     for batch in batches:
         # the span's loss alone, so that span-only and dense runs compare on one scale
         batch = {k: v.to(device) for k, v in batch.items() if k != "next_token_labels"}
-        with _autocast(device):
+        with _autocast(device, bfloat16):
             output = model(**batch)
         losses.append(float(output.loss))
         labels = batch["labels"]  # (B, T)
@@ -134,10 +135,24 @@ def evaluate(
     return sum(losses) / len(losses), correct / max(masked, 1), sure / max(masked, 1)
 
 
-def _autocast(device: torch.device) -> contextlib.AbstractContextManager:
-    """bfloat16 autocast on CUDA; nothing on CPU, where float32 is as fast for a model this small."""
-    if device.type == "cuda":
-        return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
+def trains_in_bfloat16(device: torch.device, precision: str) -> bool:
+    """Whether `precision` ("auto", "float32" or "bfloat16") means bfloat16 arithmetic on `device`.
+
+    auto: yes on a GPU, and on a CPU with bfloat16 arithmetic in hardware (AMX or AVX-512 BF16), where a step of the
+    small model takes about 0.6 of its float32 time at the same losses (docs/MODEL.md, "Training in bfloat16")."""
+    if precision != "auto":
+        return precision == "bfloat16"
+    if device.type == "cpu":
+        from infill_engine.device import cpu_has_bfloat16
+
+        return cpu_has_bfloat16()
+    return True
+
+
+def _autocast(device: torch.device, bfloat16: bool) -> contextlib.AbstractContextManager:
+    """bfloat16 autocast over the float32 weights where `bfloat16`, else nothing."""
+    if bfloat16:
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
 
@@ -292,9 +307,11 @@ def train_step(
     grad_clip: float,
     next_token_weight: float = 1.0,
     certainty_weight: float = 0.0,
+    bfloat16: bool = False,
 ) -> tuple[float, float]:
-    """One optimizer step on a batch; the loss before the step and the learning rate it was taken with."""
-    with _autocast(device):
+    """One optimizer step on a batch (in bfloat16 arithmetic where `bfloat16`); the loss before the step and the
+    learning rate it was taken with."""
+    with _autocast(device, bfloat16):
         loss = model(**batch, loss_only=True, next_token_weight=next_token_weight,
                      certainty_weight=certainty_weight).loss
     optimizer.zero_grad(set_to_none=True)
@@ -336,6 +353,8 @@ def _loop(
     from tqdm import tqdm
 
     log_path = config.run_dir / LOG_FILE
+    bfloat16 = trains_in_bfloat16(device, config.precision)
+    logger.info("arithmetic: %s (--precision %s)", "bfloat16 autocast" if bfloat16 else "float32", config.precision)
     deadline = None if config.time_limit_minutes is None else started + 60 * config.time_limit_minutes
     session_start, session_tokens, seconds_before = time.monotonic(), 0, state.seconds
     window_losses: list[float] = []
@@ -352,7 +371,7 @@ def _loop(
             batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
             loss, lr = train_step(
                 model, optimizer, scheduler, batch, device, config.grad_clip, config.next_token_weight,
-                config.certainty_weight
+                config.certainty_weight, bfloat16
             )
             state.step += 1
             session_tokens += batch_tokens
@@ -366,7 +385,9 @@ def _loop(
             stopped_by = _stop_reason(config, state.step, stop.requested, deadline)
             eval_row: dict[str, str] = {}
             if state.step % config.eval_every == 0 or stopped_by == "steps":
-                eval_loss, accuracy, _ = evaluate(model, eval_batches, device, stream.tokens)
+                # held-out losses stay float32 on a CPU, so that every run's compare on one scale
+                eval_loss, accuracy, _ = evaluate(model, eval_batches, device, stream.tokens,
+                                                  bfloat16 and device.type != "cpu")
                 state.eval_loss = eval_loss
                 eval_row = {"eval_loss": f"{eval_loss:.4f}", "eval_accuracy": f"{accuracy:.4f}"}
                 logger.info(
