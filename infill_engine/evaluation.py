@@ -55,6 +55,7 @@ class Outcome:
     tokens: int = 0  # span tokens written (before the end-of-span)
     positions: int = 0  # canvas positions
     ms: float = 0.0
+    candidates: int = 1  # canvases denoised together; the completion is the first as the engine ranks them
 
 
 @dataclass
@@ -185,9 +186,11 @@ def evaluate(
     workers: int = 2,
     progress: Any = None,
     budget_ms: int | None = None,
+    candidates: int = 1,
 ) -> list[Report]:
     """Fill every problem under each protocol, then run the tests in parallel subprocesses; `budget_ms` is each
-    fill's time budget, as the language server sets it (InfillRequest.budget_ms; None: no limit)."""
+    fill's time budget, as the language server sets it (InfillRequest.budget_ms; None: no limit), and the first of
+    the fill's `candidates`, as the engine ranks them, is the one scored."""
     reports = []
     base = engine.sampler
     for protocol in protocols:
@@ -197,7 +200,7 @@ def evaluate(
             engine.sampler = replace(base, allow_end_of_span=not exact_length)
             length = oracle_length(engine, problem) if exact_length else max_tokens
             result = engine.fill(InfillRequest(problem.prompt, problem.suffix, "python", max_tokens=length,
-                                               budget_ms=budget_ms))
+                                               budget_ms=budget_ms, candidates=candidates))
             best = result.candidates[0] if result.candidates else (result.rejected[0] if result.rejected else None)
             completion = best.text if best is not None else ""
             report.outcomes.append(Outcome(
@@ -210,6 +213,7 @@ def evaluate(
                 tokens=result.stats.tokens_generated,
                 positions=result.stats.canvas_positions,
                 ms=result.stats.ms.get("total", 0.0),
+                candidates=result.stats.candidates,
             ))
             if progress is not None:
                 progress(protocol, len(report.outcomes), len(problems))

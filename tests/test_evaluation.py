@@ -89,6 +89,25 @@ def test_a_time_budget_as_the_server_sets_it_cuts_each_fill_short(capsys, bench_
     assert "--budget-ms must be an integer >= 0" in capsys.readouterr().err
 
 
+def test_several_candidates_score_the_first_as_the_engine_ranks_them(capsys, bench_file, model_dirs, tmp_path):
+    from infill_engine.engine import InfillEngine, InfillRequest
+    from infill_engine.loading import load_denoiser
+
+    out_file = tmp_path / "k4.json"
+    assert main(["eval", "humaneval-infill", "--data", str(bench_file), "--model", str(model_dirs["diffill"]),
+                 "--protocol", "unknown", "--max-tokens", "8", "--candidates", "4", "--out", str(out_file)]) == 0
+    assert "the first of 4 candidates" in capsys.readouterr().out
+    outcomes = json.loads(out_file.read_text())["outcomes"]["unknown"]
+    assert [o["candidates"] for o in outcomes] == [4, 4]
+    engine = InfillEngine(load_denoiser(model_dirs["diffill"], device="cpu"))
+    for problem, outcome in zip(load_problems(bench_file), outcomes):
+        result = engine.fill(InfillRequest(problem.prompt, problem.suffix, "python", max_tokens=8, candidates=4))
+        first = (result.candidates or result.rejected)[0]
+        assert outcome["completion"] == first.text
+    assert main(["eval", "humaneval-infill", "--data", str(bench_file), "--candidates", "17"]) == 2
+    assert "candidates must be an integer from 1 to 16 (got 17)" in capsys.readouterr().err
+
+
 def test_a_file_in_another_format_is_a_clear_error(capsys, tmp_path, model_dirs):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"question": "?"}\n')

@@ -25,6 +25,10 @@ def add_arguments(evaluation: argparse.ArgumentParser) -> None:
                            help="span length unknown (the engine decides), oracle (the true length), or both")
     humaneval.add_argument("--max-tokens", type=int, default=48, help="canvas positions, unknown length (default 48)")
     add_fill_options(humaneval, effect="; the scores then depend on the machine's speed")
+    humaneval.add_argument("--candidates", type=int, default=1, metavar="K",
+                           help="candidates per fill, denoised together and ranked as the language server ranks "
+                                "them (the gate, then the model's own score); pass@1 scores the first (default: 1, "
+                                "as automatic ghost text; the server's asked fills use 2)")
     humaneval.add_argument("--workers", type=int, default=2, help="parallel test subprocesses (default: 2)")
     humaneval.add_argument("--out", help="also write every completion and verdict to this JSON file")
     humaneval.add_argument("--json", action="store_true", help="print JSON")
@@ -36,6 +40,7 @@ def run(args: argparse.Namespace) -> int:
 
     from infill_engine.atomic import write_text_atomic
     from infill_engine.evaluation import DEFAULT_BENCH, PROTOCOLS, evaluate, load_problems, spread_sample
+    from infill_engine.request import InfillRequest
     from infill_engine.sampler import sampler_variant
 
     try:
@@ -43,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
         if args.sample is not None:
             problems = spread_sample(problems, args.sample)
         check_fill_options(args)
+        InfillRequest("", "", candidates=args.candidates).validate()  # a count outside 1..MAX_CANDIDATES
     except ValueError as error:
         raise UsageError(str(error)) from None
     engine = load_in_process(args)
@@ -55,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"\r{protocol}: {done}/{total}", end="\n" if done == total else "", file=sys.stderr, flush=True)
 
     reports = evaluate(engine, problems, protocols, max_tokens=args.max_tokens, workers=args.workers,
-                       progress=progress, budget_ms=args.budget_ms)
+                       progress=progress, budget_ms=args.budget_ms, candidates=args.candidates)
     summaries = [report.summary() for report in reports]
     if args.out:
         details = {r.protocol: [asdict(o) for o in r.outcomes] for r in reports}
@@ -63,11 +69,12 @@ def run(args: argparse.Namespace) -> int:
     model = engine.describe()
     if args.json:
         print(json.dumps({"model": model.path, "variant": args.variant or "", "budget_ms": args.budget_ms,
-                          "summary": summaries}, indent=2))
+                          "candidates": args.candidates, "summary": summaries}, indent=2))
         return 0
     variant = f"; sampler {args.variant}" if args.variant else ""
     budget = f"; budget {args.budget_ms} ms a fill" if args.budget_ms is not None else ""
-    print(f"model: {model.path} ({model.family}); {len(problems)} problems{variant}{budget}")
+    ranked = f"; the first of {args.candidates} candidates" if args.candidates > 1 else ""
+    print(f"model: {model.path} ({model.family}); {len(problems)} problems{variant}{budget}{ranked}")
     print(f"{'protocol':<9} {'pass@1':>7} {'exact':>7} {'syntax':>7} {'tok/fwd':>8} {'canvas/fwd':>10} {'ms/problem':>11}")
     for row in summaries:
         print(f"{row['protocol']:<9} {row['pass@1']:>7} {row['exact_match']:>7} {row['syntax_valid']:>7} "
