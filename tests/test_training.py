@@ -490,6 +490,11 @@ def test_a_new_run_can_start_from_a_trained_model(tmp_path, source_dir):
     after = DiffillForInfilling.from_pretrained(latest_checkpoint(second))
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(before.parameters(), after.parameters()))
     assert (second / "tokenizer" / "tokenizer.json").read_text() == (trained / "tokenizer.json").read_text()
+    # a longer sequence than the start was trained at: its checkpoints say so, and serving budgets its context by it
+    assert before.config.max_position_embeddings == 80
+    longer = tmp_path / "longer"
+    train(tiny_config(longer, source_dir, steps=2, checkpoint_every=2, seq_len=120, init_from=trained))
+    assert DiffillForInfilling.from_pretrained(latest_checkpoint(longer)).config.max_position_embeddings == 120
 
 
 # ------------------------------------------------------------------------------------------------- dense supervision

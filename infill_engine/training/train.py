@@ -242,9 +242,9 @@ def train(config: TrainConfig) -> TrainResult:
         state = TrainerState(preset=config.preset)
     else:
         model = DiffillForInfilling.from_pretrained(checkpoint, dtype=torch.float32)
-        if config.seq_len > model.config.max_position_embeddings:
-            logger.info("raising max_position_embeddings to the new seq_len %d", config.seq_len)
-            model.config.max_position_embeddings = config.seq_len
+    if config.seq_len > model.config.max_position_embeddings:  # a longer run, from a model or a checkpoint: serving
+        logger.info("raising max_position_embeddings to the new seq_len %d", config.seq_len)  # reads this
+        model.config.max_position_embeddings = config.seq_len
     if config.autoregressive:
         from infill_engine.training.fim_objective import make_autoregressive
 
