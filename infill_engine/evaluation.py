@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from infill_engine.engine import InfillEngine, InfillRequest
+from infill_engine.request import Candidate, InfillResult
 
 PROTOCOLS = ("unknown", "oracle")
 DEFAULT_BENCH = Path(__file__).resolve().parents[1].parent / "shared" / "bench" / "humaneval-singleline-infilling.jsonl.gz"
@@ -172,6 +173,13 @@ def run_test(problem: Problem, completion: str) -> bool:
     return completed.returncode == 0
 
 
+def first_fill(result: InfillResult) -> Candidate | None:
+    """What a fill is scored by: its first candidate as the engine ranks them, or its first rejected one, or None."""
+    if result.candidates:
+        return result.candidates[0]
+    return result.rejected[0] if result.rejected else None
+
+
 def oracle_length(engine: InfillEngine, problem: Problem) -> int:
     """Token count of the true middle, tokenized as the model sees a span."""
     ids = engine.denoiser.tokenizer(problem.canonical_solution, add_special_tokens=False)["input_ids"]
@@ -201,7 +209,7 @@ def evaluate(
             length = oracle_length(engine, problem) if exact_length else max_tokens
             result = engine.fill(InfillRequest(problem.prompt, problem.suffix, "python", max_tokens=length,
                                                budget_ms=budget_ms, candidates=candidates))
-            best = result.candidates[0] if result.candidates else (result.rejected[0] if result.rejected else None)
+            best = first_fill(result)
             completion = best.text if best is not None else ""
             report.outcomes.append(Outcome(
                 task_id=problem.task_id,

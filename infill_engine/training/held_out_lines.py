@@ -108,13 +108,14 @@ def score_fills(model: str, variant: str, holes: list[LineHole], fills: list[str
 def fill_holes(engine: Any, holes: list[LineHole], max_tokens: int = 48) -> tuple[list[str], list[float]]:
     """The engine's first suggestion at each hole (empty where it has none), at unknown length, and ms per fill."""
     from infill_engine.engine import InfillRequest
+    from infill_engine.evaluation import first_fill
 
     fills, ms = [], []
     for hole in holes:
         started = time.perf_counter()
         result = engine.fill(InfillRequest(hole.prefix, hole.suffix, "python", max_tokens=max_tokens))
         ms.append(1000 * (time.perf_counter() - started))
-        best = result.candidates[0] if result.candidates else (result.rejected[0] if result.rejected else None)
+        best = first_fill(result)
         fills.append(best.text if best is not None else "")
     return fills, ms
 
