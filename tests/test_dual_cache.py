@@ -92,7 +92,8 @@ def test_fills_with_the_cache_start_as_without_it_complete_and_pass_the_gate(rop
     with_cache = InfillEngine.load(ModelSpec(path=str(rope_dirs[family]), trust_remote_code=True, dual_cache=4))
     without = InfillEngine.load(ModelSpec(path=str(rope_dirs[family]), trust_remote_code=True, dual_cache=0))
     assert with_cache.denoiser.dual_cache is not None and without.denoiser.dual_cache is None
-    assert InfillEngine.load(ModelSpec(path=str(rope_dirs[family]), trust_remote_code=True)).denoiser.dual_cache is None
+    default = InfillEngine.load(ModelSpec(path=str(rope_dirs[family]), trust_remote_code=True)).denoiser.dual_cache
+    assert default is not None and default.refresh_every == 2  # on by default, every second step
     # single-line fills inside comments: any text passes the gate, so both loops must give a fill every time
     holes = [("x = compute(a, b)  # ", "\nprint(x)\n"), ("def f():\n    # ", "\n    return 1\n"),
              (PREFIX + "v)  # ", SUFFIX)]

@@ -51,7 +51,7 @@ def spec_with_every_field_set(directory: Path) -> Any:
 
     defaults = ModelSpec()
     spec = ModelSpec(path=str(directory), family="diffill", device="cpu", dtype="float32", trust_remote_code=True,
-                     factory="tests.lsp.fake_engine:build_engine", threads=3, dual_cache=2,
+                     factory="tests.lsp.fake_engine:build_engine", threads=3, dual_cache=5,
                      compiled_layers="off" if defaults.compiled_layers == "auto" else "auto")
     unset = [f.name for f in dataclasses.fields(ModelSpec) if getattr(spec, f.name) == getattr(defaults, f.name)]
     assert unset == [], f"give {unset} a value other than the default in spec_with_every_field_set"

@@ -43,7 +43,7 @@ M.defaults = {
       dtype = 'auto', -- auto, float32, bfloat16, float16
       trustRemoteCode = false, -- run a checkpoint's own modelling code (never by default)
       threads = 0, -- CPU threads for torch; 0: half the cores
-      dualCache = 0, -- llada/dream: prefix/suffix keys and values refreshed every N steps; 0: off
+      dualCache = 2, -- llada/dream: prefix/suffix keys and values refreshed every N steps; 0: off
       -- compiledLayers = nil: the server's default, 'auto' (the embedded model on the CPU runs its layers compiled
       -- for this CPU once the server has compiled them in the background; $DIFFILL_COMPILED_LAYERS=off on the
       -- machine turns that off); 'off': always eagerly
