@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import logging
+import os
 import random
 import shutil
 from dataclasses import replace
@@ -377,6 +378,21 @@ def test_bfloat16_training_follows_float32_and_resumes_in_either(prepared_run: P
     assert {t.dtype for t in weights.values()} == {torch.float32}
     result = train(tiny_config(runs["bfloat16"], source_dir, precision="float32", dense=True, steps=8))
     assert result.step == 8 and result.eval_loss is not None
+
+
+def test_a_bfloat16_run_on_the_cpu_caps_onednns_kernel_cache_and_keeps_a_users_cap(
+        prepared_run: Path, source_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Uncapped, oneDNN's cache of bfloat16 kernels (one per window length) grew a CPU run's memory to 12 GB."""
+    from infill_engine.training.train import ONEDNN_CACHE_CAPACITY, ONEDNN_CACHE_VARIABLE
+
+    monkeypatch.delenv(ONEDNN_CACHE_VARIABLE, raising=False)
+    train(tiny_config(copy_run(prepared_run, tmp_path / "float32"), source_dir, precision="float32", steps=2))
+    assert ONEDNN_CACHE_VARIABLE not in os.environ  # float32 products do not go through that cache
+    train(tiny_config(copy_run(prepared_run, tmp_path / "bfloat16"), source_dir, precision="bfloat16", steps=2))
+    assert os.environ[ONEDNN_CACHE_VARIABLE] == str(ONEDNN_CACHE_CAPACITY)
+    monkeypatch.setenv(ONEDNN_CACHE_VARIABLE, "200")
+    train(tiny_config(copy_run(prepared_run, tmp_path / "own"), source_dir, precision="bfloat16", steps=2))
+    assert os.environ[ONEDNN_CACHE_VARIABLE] == "200"
 
 
 def test_precision_auto_is_bfloat16_where_the_hardware_does_it(monkeypatch: pytest.MonkeyPatch) -> None:

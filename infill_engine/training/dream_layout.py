@@ -149,7 +149,7 @@ def fine_tune(
     every `checkpoint_every` steps and at the end; returns their directories. Windows of `seq_len` tokens (at most the
     model's positions); `bfloat16`: autocast on the CPU (None: where the CPU has bfloat16 arithmetic, as `diffill
     train --precision auto`)."""
-    from infill_engine.training.train import trains_in_bfloat16
+    from infill_engine.training.train import cap_onednn_cache, trains_in_bfloat16
 
     torch.manual_seed(seed)
     diffill = DiffillForInfilling.from_pretrained(init_from, dtype=torch.float32)
@@ -159,6 +159,8 @@ def fine_tune(
     del diffill
     if bfloat16 is None:
         bfloat16 = trains_in_bfloat16(torch.device("cpu"), "auto")
+    if bfloat16:
+        cap_onednn_cache()
     objective = ObjectiveConfig(seq_len=min(seq_len, config.max_position_embeddings), holes=1)
     stream = ExampleStream(documents, tokenizer, objective, seed)
     fixed = held_out_batches(held_out or documents, tokenizer, objective, seed, batch_size, 4)

@@ -12,6 +12,7 @@ import contextlib
 import json
 import logging
 import math
+import os
 import signal
 import sys
 import time
@@ -147,6 +148,20 @@ def trains_in_bfloat16(device: torch.device, precision: str) -> bool:
 
         return cpu_has_bfloat16()
     return True
+
+
+# oneDNN, which runs bfloat16 matrix products on the CPU, keeps up to 1,024 of them compiled, one per shape, each with
+# buffers of its own; training windows come in every length, so few are ever reused and the cache only grows: a
+# bfloat16 run's memory reached 12 GB by step 2,900 (dense-11), and 3.9 GB against float32's 2.2 GB after 60 steps,
+# which a cap of 8 kept at 2.2 GB at the same tokens per second (docs/MODEL.md, "Training in bfloat16").
+ONEDNN_CACHE_CAPACITY = 16
+ONEDNN_CACHE_VARIABLE = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
+
+
+def cap_onednn_cache() -> None:
+    """Cap oneDNN's cache of compiled products for a bfloat16 run on the CPU (a value the user set is kept). oneDNN
+    reads the variable once, at its first product: this process's bfloat16 products before the call keep the old cap."""
+    os.environ.setdefault(ONEDNN_CACHE_VARIABLE, str(ONEDNN_CACHE_CAPACITY))
 
 
 def _autocast(device: torch.device, bfloat16: bool) -> contextlib.AbstractContextManager:
@@ -355,6 +370,8 @@ def _loop(
     log_path = config.run_dir / LOG_FILE
     bfloat16 = trains_in_bfloat16(device, config.precision)
     logger.info("arithmetic: %s (--precision %s)", "bfloat16 autocast" if bfloat16 else "float32", config.precision)
+    if bfloat16 and device.type == "cpu":
+        cap_onednn_cache()
     deadline = None if config.time_limit_minutes is None else started + 60 * config.time_limit_minutes
     session_start, session_tokens, seconds_before = time.monotonic(), 0, state.seconds
     window_losses: list[float] = []
