@@ -24,9 +24,7 @@ import argparse
 import csv
 import json
 import math
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -93,10 +91,9 @@ def save_dream_layout(qwen2: Qwen2ForCausalLM, tokenizer: Any, diffill_config: A
     """Write the model as a Dream-family checkpoint (bfloat16, Qwen2's tensor names, `model_type` "Dream") with its
     tokenizer and the embedded model's mask and pad ids and own sampler settings; written beside the destination and
     renamed into place."""
-    destination = Path(destination)
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{destination.name}.", dir=destination.parent))
-    try:
+    from infill_engine.training.export import write_model_directory
+
+    def write(staging: Path) -> None:
         from safetensors.torch import save_file
 
         tied = qwen2.config.tie_word_embeddings
@@ -119,14 +116,8 @@ def save_dream_layout(qwen2: Qwen2ForCausalLM, tokenizer: Any, diffill_config: A
             config["diffill_sampler"] = sampler
         (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
         tokenizer.save_pretrained(staging)
-        staging.chmod(0o755)
-        if destination.exists():
-            shutil.rmtree(destination)
-        staging.rename(destination)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return destination
+
+    return write_model_directory(Path(destination), write)
 
 
 def bidirectional_loss(qwen2: Qwen2ForCausalLM, batch: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -14,6 +14,7 @@ import argparse
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from infill_engine.loading import PACKAGED_MODEL
@@ -31,12 +32,11 @@ def export_checkpoint(
     destination = Path(destination)
     if destination.exists() and not destination.is_dir():
         raise ValueError(f"{destination} is a file, not a model directory: give a directory to write the model into")
-    destination.parent.mkdir(parents=True, exist_ok=True)  # a new folder, e.g. runs/eval/step-N/model
     # a delta compares the trained weights with the start's exactly, so it reads them at full precision
     model = AutoModelForMaskedLM.from_pretrained(checkpoint, dtype=torch.float32 if delta_base else torch.bfloat16)
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
-    staging = Path(tempfile.mkdtemp(prefix=f".{destination.name}.", dir=destination.parent))
-    try:
+
+    def write(staging: Path) -> None:
         if delta_base is not None:
             from infill_engine.diffill_model.causal_conversion import diffill_from_causal_lm
             from infill_engine.diffill_model.delta import write_delta_model
@@ -46,6 +46,17 @@ def export_checkpoint(
         else:
             model.save_pretrained(staging, max_shard_size="16MB")
             tokenizer.save_pretrained(staging)
+
+    return write_model_directory(destination, write)
+
+
+def write_model_directory(destination: Path, write: Callable[[Path], None]) -> Path:
+    """`destination` (replaced if it exists) holding what `write` puts into an empty directory: written beside it and
+    renamed into place, readable by everyone, so that a failure never leaves half a model."""
+    destination.parent.mkdir(parents=True, exist_ok=True)  # a new folder, e.g. runs/eval/step-N/model
+    staging = Path(tempfile.mkdtemp(prefix=f".{destination.name}.", dir=destination.parent))
+    try:
+        write(staging)
         staging.chmod(0o755)  # mkdtemp makes it private; a model directory is readable by everyone
         for written in staging.iterdir():
             written.chmod(0o644)
