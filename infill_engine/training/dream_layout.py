@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -140,7 +139,8 @@ def fine_tune(
     every `checkpoint_every` steps and at the end; returns their directories. Windows of `seq_len` tokens (at most the
     model's positions); `bfloat16`: autocast on the CPU (None: where the CPU has bfloat16 arithmetic, as `diffill
     train --precision auto`)."""
-    from infill_engine.training.train import cap_onednn_cache, trains_in_bfloat16
+    from infill_engine.training.config import TrainConfig
+    from infill_engine.training.train import cap_onednn_cache, lr_factor, make_optimizer, trains_in_bfloat16
 
     torch.manual_seed(seed)
     diffill = DiffillForInfilling.from_pretrained(init_from, dtype=torch.float32)
@@ -155,17 +155,10 @@ def fine_tune(
     objective = ObjectiveConfig(seq_len=min(seq_len, config.max_position_embeddings), holes=1)
     stream = ExampleStream(documents, tokenizer, objective, seed)
     fixed = held_out_batches(held_out or documents, tokenizer, objective, seed, batch_size, 4)
-    decay = [p for p in qwen2.parameters() if p.dim() >= 2]
-    no_decay = [p for p in qwen2.parameters() if p.dim() < 2]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-                                  lr=lr, betas=(0.9, 0.95))
-
-    def factor(step: int) -> float:  # linear warm-up, then a cosine to a tenth
-        if step < warmup_steps:
-            return (step + 1) / warmup_steps
-        return 0.1 + 0.45 * (1 + math.cos(math.pi * (step - warmup_steps) / max(1, steps - warmup_steps)))
-
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    # the embedded model's optimizer (AdamW, decay 0.1 on matrices) and schedule (warm-up, cosine to a tenth)
+    optimizer = make_optimizer(qwen2, TrainConfig(run_dir=out, lr=lr), torch.device("cpu"))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: lr_factor(step, warmup_steps, steps, min_ratio=0.1))
 
     @torch.no_grad()
     def held_out_loss() -> float:
