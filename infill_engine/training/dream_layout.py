@@ -70,7 +70,8 @@ def as_qwen2(model: DiffillForInfilling, causal: bool = False) -> Qwen2ForCausal
         gate, up = source[ours + "mlp.gate_up_proj.weight"].split(config.intermediate_size)
         state.update({
             theirs + "self_attn.q_proj.weight": q, theirs + "self_attn.k_proj.weight": k,
-            theirs + "self_attn.v_proj.weight": v, theirs + "self_attn.o_proj.weight": source[ours + "attn.o_proj.weight"],
+            theirs + "self_attn.v_proj.weight": v,
+            theirs + "self_attn.o_proj.weight": source[ours + "attn.o_proj.weight"],
             theirs + "self_attn.q_proj.bias": torch.zeros(q.shape[0]),
             theirs + "self_attn.k_proj.bias": torch.zeros(kv_width),
             theirs + "self_attn.v_proj.bias": torch.zeros(kv_width),
