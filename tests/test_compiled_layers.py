@@ -125,6 +125,28 @@ def test_changed_weights_and_padded_batches_run_eagerly(model_dir, package, pack
     assert layers.calls == calls  # changed weights: eager
 
 
+@pytest.mark.parametrize("replace", ["parameter", "submodule"])
+def test_replaced_weights_run_eagerly(model_dir, package, package_cache, replace):
+    eager, compiled = _engines(model_dir, package, package_cache)
+    model, reference = compiled.denoiser.model, eager.denoiser.model
+    layers = model.compiled_layers
+    compiled.fill(REQUESTS[0])
+    calls = layers.calls
+    assert calls > 0
+    torch.manual_seed(0)
+    weight = torch.nn.Parameter(torch.randn_like(model.layers[1].mlp.down_proj.weight) * 0.05)
+    for m in (model, reference):  # set, not changed in place: the package holds the old weights
+        if replace == "parameter":
+            m.layers[1].mlp.down_proj.weight = torch.nn.Parameter(weight.detach().clone())
+        else:
+            projection = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+            projection.weight = torch.nn.Parameter(weight.detach().clone())
+            m.layers[1].mlp.down_proj = projection
+    expected, got = eager.fill(REQUESTS[0]), compiled.fill(REQUESTS[0])
+    assert [c.text for c in got.candidates] == [c.text for c in expected.candidates]
+    assert layers.calls == calls  # the replaced weights: eager
+
+
 def test_a_damaged_package_is_not_used_and_is_compiled_again(model_dir, package_cache, caplog):
     engine = InfillEngine.load(ModelSpec(path=str(model_dir), device="cpu", compiled_layers="off"))
     package_cache.mkdir(parents=True)
