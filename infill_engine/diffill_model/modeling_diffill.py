@@ -80,6 +80,8 @@ class DiffillDenoisingPlan:
     keys: tuple[torch.Tensor, ...]  # one (B, Hkv, C + N, D) per layer: the context's keys, then the canvas's
     values: tuple[torch.Tensor, ...]  # one (B, Hkv, C + N, D) per layer
     last_rows: int = 0  # canvas positions (per row) the plan's last step ran the layers over
+    before: tuple[torch.Tensor, torch.Tensor] | None = None  # shift_logits: the context's output just before each
+    #     row's canvas (B, 1, E) and whether the row has one (B,), found at the plan's first step that needs it
 
     @property
     def shape(self) -> torch.Size:
@@ -433,7 +435,7 @@ class DiffillForInfilling(DiffillPreTrainedModel):
             return self.lm_head(self.norm(x[:, index_of[columns]]))  # (B, n, V)
         out = x[:, index_of[(columns - 1).clamp_min(0)]]  # (B, n, E): position p's logits come from p - 1
         if bool((columns == 0).any()):  # the first position's come from the context (rows hold position 0 first)
-            before = self._state_before_canvas(x, plan.positions, plan.cache)  # (B, 1, E)
+            before = self._state_before_canvas(x, plan)  # (B, 1, E)
             out = torch.where((columns == 0)[None, :, None], before, out)
         return self.lm_head(self.norm(out))  # (B, n, V)
 
@@ -501,7 +503,7 @@ class DiffillForInfilling(DiffillPreTrainedModel):
         slots = torch.arange(length - N, length, device=canvas_ids.device)  # (N,) the buffers' tails
         x = self._canvas_layers(x, plan.cos, plan.sin, plan.attn_mask, plan, slots)
         if self.config.shift_logits:
-            before = self._state_before_canvas(x, plan.positions, plan.cache)  # (B, 1, E)
+            before = self._state_before_canvas(x, plan)  # (B, 1, E)
             x = torch.cat([before, x[:, :-1]], dim=1)  # (B, N, E)
         if columns is not None:
             x = x[:, columns]  # (B, n, E)
@@ -589,19 +591,22 @@ class DiffillForInfilling(DiffillPreTrainedModel):
             raise ValueError("next_token_logits needs a shift_logits model, whose context outputs predict the next")
         return self.lm_head(self.norm(cache.hidden[:, -1]))  # (B, V)
 
-    def _state_before_canvas(
-        self, x: torch.Tensor, canvas_positions: torch.LongTensor, cache: DiffillContextCache
-    ) -> torch.Tensor:
-        """(B, 1, E): the output of the context token just before the canvas, or the canvas's first when none is."""
-        before = cache.positions == canvas_positions[:, :1] - 1  # (B, C)
-        if cache.padding_mask is not None:
-            before = before & cache.padding_mask
-        found = before.any(dim=-1)  # (B,) False for a row with an empty prefix
+    def _state_before_canvas(self, x: torch.Tensor, plan: DiffillDenoisingPlan) -> torch.Tensor:
+        """(B, 1, E): the output of the context token just before the canvas, or the canvas's first when none is
+        (x (B, r, E) holds the canvas's outputs, position 0 first). The context's part is found once per plan (a
+        pass over the whole context's hidden states: 0.14 ms a step, before)."""
+        if plan.before is None:
+            cache = plan.cache
+            before = cache.positions == plan.positions[:, :1] - 1  # (B, C)
+            if cache.padding_mask is not None:
+                before = before & cache.padding_mask
+            weights = before.to(cache.hidden.dtype)[..., None]  # (B, C, 1), one 1 per row that has a prefix
+            state = (weights * cache.hidden.expand(before.shape[0], -1, -1)).sum(dim=1, keepdim=True)  # (B, 1, E)
+            plan.before = state, before.any(dim=-1)  # found: False for a row with an empty prefix
+        state, found = plan.before
         if not bool(found.any()):  # no row has a prefix: as in training, the position predicts itself
             return x[:, :1]
-        weights = before.to(x.dtype)[..., None]  # (B, C, 1), one 1 per row that has a prefix
-        state = (weights * cache.hidden.expand(x.shape[0], -1, -1)).sum(dim=1, keepdim=True)  # (B, 1, E)
-        return torch.where(found[:, None, None], state, x[:, :1])  # per row: rows of several contexts differ
+        return torch.where(found[:, None, None], state.to(x.dtype), x[:, :1])  # per row: rows of several contexts
 
     def forward(
         self,
