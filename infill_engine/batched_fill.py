@@ -201,6 +201,11 @@ class LockstepMember(Denoiser):
         return self.inner.line_break_ids
 
     @property
+    def is_line_break(self) -> torch.Tensor:  # type: ignore[override]
+        """The real denoiser's (computed once for all fills)."""
+        return self.inner.is_line_break
+
+    @property
     def blank_ids(self) -> torch.Tensor:  # type: ignore[override]
         """The real denoiser's (computed once for all fills)."""
         return self.inner.blank_ids

@@ -145,9 +145,8 @@ def end_after_line_break(denoiser: Denoiser, state: CanvasState) -> None:
     """Commit end-of-span right after the first line break of the committed run that starts the span."""
     if not denoiser.special.end_of_span_ids:
         return
-    breaks = denoiser.line_break_ids.to(state.tokens.device)
     leading = state.committed.long().cumprod(dim=-1).bool()  # (B, N) every position up to here is committed
-    is_break = torch.isin(state.tokens, breaks) & leading
+    is_break = denoiser.is_line_break[state.tokens] & leading
     if not bool(is_break.any()):
         return
     length = state.tokens.shape[1]
@@ -169,10 +168,9 @@ def settle_tail(denoiser: Denoiser, state: CanvasState, prediction: Prediction, 
     end_ids = denoiser.special.end_of_span_ids
     if not end_ids:
         return
-    ends = torch.tensor(end_ids, device=state.tokens.device)
     argmax_prob = prediction.argmax_probs  # (B, N)
-    predicted = torch.isin(prediction.argmax, ends) & (argmax_prob >= floor) & ~state.committed
-    held = torch.isin(state.tokens, ends) & state.committed
+    predicted = holds_end(prediction.argmax, end_ids) & (argmax_prob >= floor) & ~state.committed
+    held = holds_end(state.tokens, end_ids) & state.committed
     ending = predicted | held  # (B, N)
     tail = ending.flip(-1).long().cumprod(dim=-1).flip(-1).bool()  # (B, N) every position from here on is ending
     chosen = tail & predicted & active & ~state.frozen
@@ -182,12 +180,18 @@ def settle_tail(denoiser: Denoiser, state: CanvasState, prediction: Prediction, 
         state.committed |= chosen
 
 
+def holds_end(tokens: torch.Tensor, end_ids: tuple[int, ...]) -> torch.Tensor:
+    """Where `tokens` (B, N) are end-of-span (a comparison where the tokenizer has one such token, as most do)."""
+    if len(end_ids) == 1:
+        return tokens == end_ids[0]
+    return torch.isin(tokens, torch.tensor(end_ids, dtype=tokens.dtype, device=tokens.device))
+
+
 def ended_rows(tokens: torch.Tensor, committed: torch.Tensor, end_ids: tuple[int, ...]) -> torch.Tensor:
     """Rows (B,) where a committed end-of-span token settles the rest of the span."""
     if not end_ids:
         return torch.zeros(tokens.shape[0], dtype=torch.bool, device=tokens.device)
-    is_end = torch.isin(tokens, torch.tensor(end_ids, device=tokens.device)) & committed
-    return is_end.any(dim=-1)
+    return (holds_end(tokens, end_ids) & committed).any(dim=-1)
 
 
 def settle_ends(denoiser: Denoiser, state: CanvasState) -> None:

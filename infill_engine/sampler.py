@@ -8,6 +8,7 @@ blocks. A step of `denoise_block` reads like the papers: predict, pick tokens, c
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable
@@ -16,7 +17,8 @@ from dataclasses import dataclass, field
 import torch
 
 from infill_engine.adapters.base import Denoiser, EncodedContext
-from infill_engine.commit_rules import CanvasState, CommitRule, Prediction, commit_rule, ended_rows, initial_state
+from infill_engine.commit_rules import CanvasState, CommitRule, Prediction, commit_rule, ended_rows, holds_end
+from infill_engine.commit_rules import initial_state
 from infill_engine.commit_rules import entropy  # noqa: F401 - order_scores uses it; kept importable from here
 from infill_engine.commit_rules import fresh_noise, settle_with_argmax  # noqa: F401 - fresh_noise: engine's refine
 from infill_engine.request import FillCancelled  # noqa: F401 - raised by the loop, defined without torch
@@ -161,6 +163,31 @@ def suppress(logits: torch.Tensor, banned: tuple[int, ...]) -> torch.Tensor:
     return logits
 
 
+def vocabulary_bias(
+    config: SamplerConfig, special: SpecialTokens, size: int, device: torch.device
+) -> torch.Tensor | None:
+    """What every position's logits are shifted by (V,), the same at every step: -inf on the special tokens a span
+    never holds (`suppress_special`) and `end_bias` on end-of-span where it applies everywhere (not only until
+    content); None where that is nothing. One addition over the logits instead of a copy of them for each."""
+    never = special.ids_never_generated if config.suppress_special else ()
+    everywhere = 0.0 if config.end_bias_until_content else config.end_bias
+    if not never and (everywhere == 0.0 or not special.end_of_span_ids):
+        return None
+    return _bias_vector(never, special.end_of_span_ids, everywhere, size, device)
+
+
+@functools.lru_cache(maxsize=8)
+def _bias_vector(never: tuple[int, ...], end_ids: tuple[int, ...], end_bias: float, size: int,
+                 device: torch.device) -> torch.Tensor:
+    """(V,) zeros, `end_bias` at `end_ids`, -inf at `never` (kept per model and settings; only ever read)."""
+    bias = torch.zeros(size, device=device)
+    if end_ids:
+        bias[list(end_ids)] = end_bias
+    if never:
+        bias[list(never)] = -math.inf
+    return bias
+
+
 def forbid_early_end(
     logits: torch.Tensor, state: CanvasState, end_ids: tuple[int, ...], columns: torch.Tensor | None = None
 ) -> torch.Tensor:
@@ -168,8 +195,7 @@ def forbid_early_end(
     `logits` (B, n, V) are those of the canvas positions `columns` (n,), or of all when None."""
     if not end_ids or not bool(state.frozen.any()):
         return logits
-    is_end = torch.isin(state.tokens, torch.tensor(end_ids, device=state.tokens.device))
-    kept = state.frozen & ~is_end  # (B, N)
+    kept = state.frozen & ~holds_end(state.tokens, end_ids)  # (B, N)
     positions = torch.arange(kept.shape[1], device=kept.device)
     last_kept = torch.where(kept, positions, torch.full_like(positions, -1)).max(dim=-1).values  # (B,)
     return forbid_end_where(logits, positions[None, :] < last_kept[:, None], end_ids, columns)
@@ -190,33 +216,25 @@ def forbid_end_where(
     return logits
 
 
-def shift_end(
-    logits: torch.Tensor, bias: float, end_ids: tuple[int, ...], where: torch.Tensor | None = None,
+def shift_end_until_content(
+    logits: torch.Tensor, run: Denoising, state: CanvasState, content_from: torch.Tensor | None,
     columns: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """`logits` (B, n, V) with `bias` added to the end-of-span tokens (SamplerConfig.end_bias): everywhere, or at
-    the canvas positions `where` (B, N) is True; the logits are those of the positions `columns` (n,), or of all."""
-    if bias == 0.0 or not end_ids:
+    """`logits` (B, n, V) of the canvas positions `columns` (all when None) with `end_bias` added to end-of-span up
+    to each row's first committed content position (`content_from`, computed here when None), as
+    `end_bias_until_content` asks; elsewhere (and without that setting) as they are (`vocabulary_bias` adds a bias
+    that applies everywhere)."""
+    config, end_ids = run.config, run.denoiser.special.end_of_span_ids
+    if not config.end_bias_until_content or config.end_bias == 0.0 or not end_ids:
         return logits
-    logits = logits.clone()
-    if where is None:
-        logits[..., list(end_ids)] += bias
-        return logits
+    if content_from is None:
+        content_from = first_content(state, run.denoiser.blank_ids, end_ids)
+    where = up_to_content(state, content_from)  # (B, N)
     if columns is not None:
         where = where[:, columns]  # (B, n)
-    logits[..., list(end_ids)] += bias * where[..., None].to(logits.dtype)
+    logits = logits.clone()
+    logits[..., list(end_ids)] += config.end_bias * where[..., None].to(logits.dtype)
     return logits
-
-
-def biased_positions(run: Denoising, state: CanvasState, content_from: torch.Tensor | None) -> torch.Tensor | None:
-    """Where end_bias applies (B, N): with `end_bias_until_content`, up to each row's first committed content
-    position (`content_from`, computed here when not given); None: everywhere."""
-    config = run.config
-    if not config.end_bias_until_content or config.end_bias == 0.0:
-        return None
-    if content_from is None:
-        content_from = first_content(state, run.denoiser.blank_ids, run.denoiser.special.end_of_span_ids)
-    return up_to_content(state, content_from)
 
 
 def forbid_tokens(
@@ -224,9 +242,7 @@ def forbid_tokens(
     columns: torch.Tensor | None = None, content_from: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Logits (B, n, V) of the canvas positions `columns` (all when None) with -inf on the tokens a span may not
-    hold where they stand."""
-    if config.suppress_special:
-        logits = suppress(logits, special.ids_never_generated)
+    hold where they stand (the ones it holds nowhere are `vocabulary_bias`'s)."""
     too_short = config.min_tokens - first_position  # canvas positions before the span may end
     if not config.allow_end_of_span:
         logits = suppress(logits, special.end_of_span_ids)
@@ -244,8 +260,7 @@ def forbid_tokens(
 def first_content(state: CanvasState, blank_ids: torch.Tensor, end_ids: tuple[int, ...]) -> torch.Tensor:
     """Each row's (B,) first committed canvas position holding a token that is neither whitespace nor end-of-span;
     the canvas length in a row that has none."""
-    blank_or_end = torch.isin(state.tokens, torch.cat([blank_ids.to(state.tokens.device),
-                                                       torch.tensor(end_ids, device=state.tokens.device)]))
+    blank_or_end = torch.isin(state.tokens, blank_ids.to(state.tokens.device)) | holds_end(state.tokens, end_ids)
     content = state.committed & ~blank_or_end  # (B, N)
     length = content.shape[1]
     positions = torch.arange(length, device=content.device)
@@ -420,7 +435,10 @@ def denoise_block(run: Denoising, block: Block, state: CanvasState) -> int:
         content_from = None  # end_after_content: each row's first committed content position
         if config.end_after_content and block.first_position == 0:
             content_from = first_content(state, run.denoiser.blank_ids, end_ids)
-        logits = shift_end(logits, config.end_bias, end_ids, biased_positions(run, state, content_from), columns)
+        bias = vocabulary_bias(config, run.denoiser.special, logits.shape[-1], logits.device)  # (V,), kept per fill
+        if bias is not None:
+            logits = logits + bias
+        logits = shift_end_until_content(logits, run, state, content_from, columns)
         unforbidden = logits
         logits = forbid_tokens(logits, state, config, run.denoiser.special, block.first_position, columns,
                                content_from)
