@@ -409,6 +409,48 @@ def test_precision_auto_is_bfloat16_where_the_hardware_does_it(monkeypatch: pyte
         TrainConfig(run_dir=Path("unused"), precision="half")
 
 
+@pytest.mark.skipif(not any(shutil.which(name) for name in ("c++", "g++", "clang++")),
+                    reason="no C++ compiler on this machine (torch.compile writes C++ on the CPU)")
+def test_compiled_steps_follow_eager_ones_and_resume_either_way(prepared_run: Path, source_dir: Path,
+                                                                 tmp_path: Path) -> None:
+    runs = {}
+    for compile_steps in ("off", "on"):
+        run_dir = copy_run(prepared_run, tmp_path / compile_steps)
+        result = train(tiny_config(run_dir, source_dir, precision="float32", dense=True, holes=2,
+                                   compile=compile_steps))
+        assert result.stopped_by == "steps" and result.step == 6
+        runs[compile_steps] = run_dir
+    losses = {c: [float(r["loss"]) for r in iter_log(d)] for c, d in runs.items()}
+    # the same batches (padded to seq_len when compiled), the same start: the same losses but for rounding
+    assert len(losses["on"]) == 6
+    for compiled, eager in zip(losses["on"], losses["off"]):
+        assert abs(compiled - eager) <= 1e-3 * eager
+    eval_losses = [float(r["eval_loss"]) for d in runs.values() for r in iter_log(d) if r.get("eval_loss")]
+    assert len(eval_losses) == 4 and abs(eval_losses[1] - eval_losses[3]) <= 1e-3 * eval_losses[1]
+    # the checkpoint holds the model's own weights (no compiled wrapper's names): it resumes eagerly
+    weights = load_file(latest_checkpoint(runs["on"]) / "model.safetensors")
+    assert weights and not any("_orig_mod" in name for name in weights)
+    result = train(tiny_config(runs["on"], source_dir, precision="float32", dense=True, holes=2, steps=8,
+                               compile="off"))
+    assert result.step == 8 and result.eval_loss is not None
+
+
+def test_compile_auto_is_for_long_cpu_runs_with_a_compiler(monkeypatch: pytest.MonkeyPatch) -> None:
+    from infill_engine.training import train as train_module
+    from infill_engine.training.train import COMPILE_MIN_STEPS, compiles_steps
+
+    cpu, config = torch.device("cpu"), TrainConfig(run_dir=Path("unused"))
+    for compiler in ("/usr/bin/g++", None):
+        monkeypatch.setattr(train_module.shutil, "which", lambda name, compiler=compiler: compiler)
+        assert compiles_steps(config, cpu, COMPILE_MIN_STEPS) is (compiler is not None)
+        assert compiles_steps(config, cpu, COMPILE_MIN_STEPS - 1) is False  # a short run: the compile would not pay
+        assert compiles_steps(config, torch.device("cuda"), 10_000) is False
+        assert compiles_steps(replace(config, compile="on"), cpu, 1) is True
+        assert compiles_steps(replace(config, compile="off"), cpu, 10_000) is False
+    with pytest.raises(ValueError, match="unknown compile setting 'yes'; allowed: auto, on, off"):
+        TrainConfig(run_dir=Path("unused"), compile="yes")
+
+
 def test_a_leftover_partial_checkpoint_is_ignored(prepared_run: Path, source_dir: Path, tmp_path: Path) -> None:
     run_dir = copy_run(prepared_run, tmp_path / "run")
     train(tiny_config(run_dir, source_dir, stop_at_step=2))

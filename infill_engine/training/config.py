@@ -43,6 +43,7 @@ PRESETS = {
 
 
 PRECISIONS = ("auto", "float32", "bfloat16")  # TrainConfig.precision
+COMPILES = ("auto", "on", "off")  # TrainConfig.compile
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,9 @@ class TrainConfig:
     # the forward and backward's arithmetic: float32, bfloat16 (autocast over float32 weights and optimizer state),
     # or auto: bfloat16 on a GPU and on a CPU with bfloat16 arithmetic in hardware, float32 elsewhere
     precision: str = "auto"
+    # the training forward and backward through torch.compile, batches padded to seq_len: on, off, or auto: on for a
+    # run on the CPU with a C++ compiler and at least COMPILE_MIN_STEPS steps to go (its compile takes about a minute)
+    compile: str = "auto"
     seed: int = 0
     resume: bool | None = None  # None: resume when the run directory has a checkpoint
     init_from: Path | None = None  # a new run starts from this model's weights and tokenizer (e.g. the shipped one)
@@ -122,6 +126,8 @@ class TrainConfig:
                              "--certainty-weight, --end-weight or --data-workers")
         if self.precision not in PRECISIONS:
             raise ValueError(f"unknown precision {self.precision!r}; allowed: {', '.join(PRECISIONS)}")
+        if self.compile not in COMPILES:
+            raise ValueError(f"unknown compile setting {self.compile!r}; allowed: {', '.join(COMPILES)}")
         if not self.use_stdlib and not self.sources:
             raise ValueError("no training data: give --source DIR, or leave the standard library in")
 

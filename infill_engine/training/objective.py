@@ -381,6 +381,30 @@ def next_token_targets(example: TrainingExample) -> list[int]:
     return [IGNORE_INDEX if i in left_out else ids[i] for i in range(len(ids))]
 
 
+# What a collated batch's padding holds, by key (`collate`, and the twin's `collate_fim`); position ids go on counting
+PADDING = {"input_ids": None, "labels": IGNORE_INDEX, "next_token_labels": IGNORE_INDEX, "loss_weights": 0.0,
+           "attention_mask": False, "canvas_mask": False, "canvas_segments": 0}
+
+
+def pad_batch(batch: dict[str, torch.Tensor], length: int, pad_id: int) -> dict[str, torch.Tensor]:
+    """A collated batch right-padded to `length` positions, as `collate` pads (nobody attends the padding, no loss
+    reads it): every batch of a run the same shape, which a compiled training step needs. Longer batches stay."""
+    batch_size, current = batch["input_ids"].shape
+    if current >= length:
+        return batch
+    padded = {}
+    for key, tensor in batch.items():
+        if key == "position_ids":
+            padded[key] = torch.arange(length).expand(batch_size, length).clone()
+            continue
+        if key not in PADDING:
+            raise ValueError(f"cannot pad a batch's {key!r}; known: position_ids, {', '.join(PADDING)}")
+        value = pad_id if PADDING[key] is None else PADDING[key]
+        tail = torch.full((batch_size, length - current), value, dtype=tensor.dtype)
+        padded[key] = torch.cat([tensor, tail], dim=1)
+    return padded
+
+
 def collate(examples: list[TrainingExample], pad_id: int, dense: bool = False) -> dict[str, torch.Tensor]:
     """Right-padded tensors for `DiffillForInfilling.forward`; attention_mask and canvas_mask are False on padding.
 

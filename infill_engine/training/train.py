@@ -13,6 +13,7 @@ import json
 import logging
 import math
 import os
+import shutil
 import signal
 import sys
 import time
@@ -37,7 +38,7 @@ from infill_engine.training.corpus import Document
 from infill_engine.training.example_stream import ExampleStream
 from infill_engine.training.held_out import COMMIT_THRESHOLD, held_out_batches
 from infill_engine.training.loss_log import LOG_FILE, append_log, truncate_log
-from infill_engine.training.objective import SpanTokens
+from infill_engine.training.objective import SpanTokens, pad_batch
 from infill_engine.training.run_directory import build_model, prepare_run, prepare_start
 
 logger = logging.getLogger(__name__)
@@ -162,6 +163,20 @@ def cap_onednn_cache() -> None:
     """Cap oneDNN's cache of compiled products for a bfloat16 run on the CPU (a value the user set is kept). oneDNN
     reads the variable once, at its first product: this process's bfloat16 products before the call keep the old cap."""
     os.environ.setdefault(ONEDNN_CACHE_VARIABLE, str(ONEDNN_CACHE_CAPACITY))
+
+
+# `--compile auto` compiles only a run this long: its compile (about a minute of one core, the first time on a machine)
+# is paid back after some 350 steps of the small model (0.85 against 1.04 s a step on one thread, docs/MODEL.md)
+COMPILE_MIN_STEPS = 500
+
+
+def compiles_steps(config: TrainConfig, device: torch.device, steps_left: int) -> bool:
+    """Whether the run's steps go through torch.compile (`TrainConfig.compile`): auto compiles on the CPU where a C++
+    compiler is there (inductor writes C++) and `COMPILE_MIN_STEPS` steps or more are left."""
+    if config.compile != "auto":
+        return config.compile == "on"
+    has_compiler = any(shutil.which(name) for name in (os.environ.get("CXX", ""), "c++", "g++", "clang++") if name)
+    return device.type == "cpu" and has_compiler and steps_left >= COMPILE_MIN_STEPS
 
 
 def _autocast(device: torch.device, bfloat16: bool) -> contextlib.AbstractContextManager:
@@ -372,6 +387,10 @@ def _loop(
     logger.info("arithmetic: %s (--precision %s)", "bfloat16 autocast" if bfloat16 else "float32", config.precision)
     if bfloat16 and device.type == "cpu":
         cap_onednn_cache()
+    compiled = compiles_steps(config, device, config.steps - state.step)
+    steps_run = f"compiled, each batch padded to {config.seq_len} positions" if compiled else "eager"
+    logger.info("training steps: %s (--compile %s)", steps_run, config.compile)
+    step_model = torch.compile(model) if compiled else model  # shares the model's parameters
     deadline = None if config.time_limit_minutes is None else started + 60 * config.time_limit_minutes
     session_start, session_tokens, seconds_before = time.monotonic(), 0, state.seconds
     window_losses: list[float] = []
@@ -385,11 +404,23 @@ def _loop(
         while stopped_by is None:
             batch = next(batches)
             batch_tokens = int(batch["attention_mask"].sum())  # counted on the CPU copy: no device sync
+            if compiled:  # one shape for every step: no compile again for each window length
+                batch = pad_batch(batch, config.seq_len, stream.tokens.pad_id)
             batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-            loss, lr = train_step(
-                model, optimizer, scheduler, batch, device, config.grad_clip, config.next_token_weight,
-                config.certainty_weight, bfloat16
-            )
+            try:
+                loss, lr = train_step(
+                    step_model, optimizer, scheduler, batch, device, config.grad_clip, config.next_token_weight,
+                    config.certainty_weight, bfloat16
+                )
+            except torch._dynamo.exc.TorchDynamoException as error:  # compiling failed, before the optimizer's step:
+                if step_model is model:  # the same batch again, eagerly, and every step after it
+                    raise
+                logger.warning("the compiled training step failed (%s); the run goes on eagerly", error)
+                step_model = model
+                loss, lr = train_step(
+                    model, optimizer, scheduler, batch, device, config.grad_clip, config.next_token_weight,
+                    config.certainty_weight, bfloat16
+                )
             state.step += 1
             session_tokens += batch_tokens
             state.tokens += batch_tokens
