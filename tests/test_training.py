@@ -435,6 +435,29 @@ def test_compiled_steps_follow_eager_ones_and_resume_either_way(prepared_run: Pa
     assert result.step == 8 and result.eval_loss is not None
 
 
+def test_a_step_that_fails_to_compile_runs_eagerly_and_the_run_goes_on(
+        prepared_run: Path, source_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    from infill_engine.training import train as train_module
+
+    def failing_compile(model):  # what a machine whose compiler breaks gives: an error at the first compiled call
+        def call(**_):
+            raise torch._dynamo.exc.TorchDynamoException("the C++ compiler failed")
+        return call
+
+    monkeypatch.setattr(train_module.torch, "compile", failing_compile)
+    eager_dir, failing_dir = copy_run(prepared_run, tmp_path / "eager"), copy_run(prepared_run, tmp_path / "failing")
+    train(tiny_config(eager_dir, source_dir, precision="float32", compile="off"))
+    with caplog.at_level(logging.WARNING):
+        result = train(tiny_config(failing_dir, source_dir, precision="float32", compile="on"))
+    assert result.stopped_by == "steps" and result.step == 6
+    assert "the compiled training step failed (the C++ compiler failed); the run goes on eagerly" in caplog.text
+    # the failed step took no optimizer step: the run's losses are the eager run's, batch for batch
+    failing, eager = ([float(r["loss"]) for r in iter_log(d)] for d in (failing_dir, eager_dir))
+    assert len(failing) == len(eager) == 6
+    assert all(abs(a - b) <= 1e-3 * b for a, b in zip(failing, eager))  # padded to seq_len: the same but for rounding
+
+
 def test_compile_auto_is_for_long_cpu_runs_with_a_compiler(monkeypatch: pytest.MonkeyPatch) -> None:
     from infill_engine.training import train as train_module
     from infill_engine.training.train import COMPILE_MIN_STEPS, compiles_steps
