@@ -435,7 +435,7 @@ def denoise_block(run: Denoising, block: Block, state: CanvasState) -> int:
         content_from = None  # end_after_content: each row's first committed content position
         if config.end_after_content and block.first_position == 0:
             content_from = first_content(state, run.denoiser.blank_ids, end_ids)
-        bias = vocabulary_bias(config, run.denoiser.special, logits.shape[-1], logits.device)  # (V,), kept per fill
+        bias = vocabulary_bias(config, run.denoiser.special, logits.shape[-1], logits.device)  # (V,) every step alike
         if bias is not None:
             logits = logits + bias
         logits = shift_end_until_content(logits, run, state, content_from, columns)
