@@ -407,20 +407,18 @@ def _loop(
             if compiled:  # one shape for every step: no compile again for each window length
                 batch = pad_batch(batch, config.seq_len, stream.tokens.pad_id)
             batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+            def step_on(run: Any) -> tuple[float, float]:
+                return train_step(run, optimizer, scheduler, batch, device, config.grad_clip,
+                                  config.next_token_weight, config.certainty_weight, bfloat16)
+
             try:
-                loss, lr = train_step(
-                    step_model, optimizer, scheduler, batch, device, config.grad_clip, config.next_token_weight,
-                    config.certainty_weight, bfloat16
-                )
+                loss, lr = step_on(step_model)
             except torch._dynamo.exc.TorchDynamoException as error:  # compiling failed, before the optimizer's step:
                 if step_model is model:  # the same batch again, eagerly, and every step after it
                     raise
                 logger.warning("the compiled training step failed (%s); the run goes on eagerly", error)
                 step_model = model
-                loss, lr = train_step(
-                    model, optimizer, scheduler, batch, device, config.grad_clip, config.next_token_weight,
-                    config.certainty_weight, bfloat16
-                )
+                loss, lr = step_on(model)
             state.step += 1
             session_tokens += batch_tokens
             state.tokens += batch_tokens
