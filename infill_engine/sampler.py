@@ -26,6 +26,7 @@ from infill_engine.sampler_config import COMMIT_RULES, DRAWS, ORDERS  # noqa: F4
 from infill_engine.sampler_config import SamplerConfig, sampler_overrides, sampler_variant  # noqa: F401
 from infill_engine.special_tokens import SpecialTokens
 from infill_engine.stats import FillStats
+from infill_engine.vocabulary_max import vocabulary_argmax
 
 @dataclass
 class StepView:
@@ -368,9 +369,7 @@ def pick_tokens(
         scaled = logits
     probs = torch.softmax(scaled, dim=-1)  # (B, N, V) at the sampling temperature
     model_probs = torch.softmax(logits, dim=-1) if sampling else probs  # (B, N, V)
-    # (B, N) the most likely token, at any temperature: the first of equals, as argmax gives it, from `max`, which
-    # takes a third of argmax's time over the vocabulary on the CPU (0.11 against 0.37 ms at 32 x 8,192)
-    argmax = scaled.max(dim=-1).indices
+    argmax = vocabulary_argmax(scaled)  # (B, N) the most likely token at any temperature, the first of equals
     drawn = draw_tokens(probs, temps, argmax, generator, draw)  # (B, N)
     scores = order_scores(probs, drawn, order, generator)  # (B, N)
     drawn_probs = model_probs.gather(-1, drawn[..., None]).squeeze(-1)  # (B, N)
