@@ -4,6 +4,7 @@ and a server's compile in the background used once it is done."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -20,10 +21,12 @@ from infill_engine.compiled_layers import (
     load_compiled_layers,
     package_key,
 )
+from diffill.cli import main
 from infill_engine.doctor import diagnose
 from infill_engine.engine import InfillEngine, InfillRequest
 from infill_engine.interface import ModelSpec, load_engine
 from tests import tiny_models
+from tests.test_evaluation import bench_file  # noqa: F401 - the fixture
 
 # AOTInductor compiles C++: without a compiler the layers only ever run eagerly (the README's assumption).
 pytestmark = [pytest.mark.skipif(not any(shutil.which(name) for name in ("c++", "g++", "clang++")),
@@ -306,3 +309,16 @@ def test_packages_no_server_has_loaded_for_a_month_are_removed(model_dir, packag
     assert engine.denoiser.model.compiled_layers is not None
     assert sorted(p.name for p in package_cache.iterdir()) == sorted([current.name, recent.name, recent_staging.name])
     assert current.stat().st_mtime > time.time() - 60  # loading it counts as its use
+
+
+def test_a_benchmark_compiles_the_layers_first_where_none_are_cached(model_dir, package_cache, bench_file,  # noqa: F811
+                                                                       capsys):
+    args = ["bench", "fill", "--data", str(bench_file), "--model", str(model_dir), "--sample", "1", "--spans", "line",
+            "--compiled-layers", "auto", "--dtype", "float32", "--threads", "1", "--json"]
+    assert main(args) == 0
+    captured = capsys.readouterr()
+    assert "compiling the model's layers for this CPU before measuring" in captured.err
+    assert json.loads(captured.out)["compiled_layers"] == "loaded"  # what it measured: the compiled layers
+    assert main(args) == 0  # the next bench finds them cached
+    captured = capsys.readouterr()
+    assert "compiling" not in captured.err and json.loads(captured.out)["compiled_layers"].startswith("loaded (")

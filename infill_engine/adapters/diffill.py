@@ -25,6 +25,8 @@ from infill_engine.diffill_model.modeling_diffill import DiffillContextCache, Di
 from infill_engine.prefix_cache import PrefixCache
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from infill_engine.compiled_layers import BackgroundCompile
     from infill_engine.interface import ModelSpec
 
@@ -99,6 +101,20 @@ class DiffillDenoiser(Denoiser):
             return
         self.compiled_layers_state = job.state
         self.background_compile = job if running else None
+
+    def compile_layers_now(self, spec: ModelSpec, on_start: Callable[[], None] | None = None) -> bool:
+        """A benchmark's: where no package is cached for this model, PyTorch and CPU, compile the layers as a server
+        would in the background (`diffill compile` in a child process; `on_start` called once it runs), wait for it
+        and run them; whether a compile ran."""
+        self.compile_layers_in_background(spec)
+        job = self.background_compile
+        if job is None or job.process is None:
+            return False
+        if on_start is not None:
+            on_start()
+        job.process.wait()
+        self._use_finished_compile()
+        return True
 
     def _use_finished_compile(self) -> None:
         """Once the background compile has finished, run its layers from this fill on."""

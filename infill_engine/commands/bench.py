@@ -86,7 +86,7 @@ def run_fill(args: argparse.Namespace) -> int:
     try:
         cases = fill_cases(args.spans)
         problems = spread_sample(load_problems(args.data or DEFAULT_BENCH), args.sample)
-        engine = load_in_process(args)
+        engine = load_in_process(args, compile_first=True)
         for variant in args.variant or []:
             sampler_variant(variant, engine.sampler)
         holes = [(p.prompt, p.suffix) for p in problems]
@@ -146,7 +146,7 @@ def run_ghost(args: argparse.Namespace) -> int:
 
     try:
         problems = spread_sample(load_problems(args.data or DEFAULT_BENCH), args.sample)
-        engine = load_in_process(args)
+        engine = load_in_process(args, compile_first=True)
         holes = [ghost_text_hole(p.prompt, p.suffix, p.canonical_solution) for p in problems]
         report = bench_ghost(engine, holes, args.max_tokens, args.candidates)
     except ValueError as error:
@@ -165,7 +165,7 @@ def run_spans(args: argparse.Namespace) -> int:
 
     from infill_engine.bench import bench_spans
 
-    engine = load_in_process(args)
+    engine = load_in_process(args, compile_first=True)
     model = engine.describe()
     rows = bench_spans(engine, args.spans, args.repeats)
     if args.json:

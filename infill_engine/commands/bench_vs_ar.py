@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         problems = load_problems(args.data or DEFAULT_BENCH)
         sample = spread_sample(problems, args.sample)
         sweep_sample = None if args.sweep_sample is None else spread_sample(problems, args.sweep_sample)
-        engine = load_in_process(args)
+        engine = load_in_process(args, compile_first=True)
         spec = model_spec_from_args(args)  # the twin is loaded as the diffusion model is: dtype, compiled layers
         twin = load_twin(args.twin, device=str(engine.denoiser.device), context=engine.context, dtype=spec.dtype,
                          compiled_layers=spec.compiled_layers)
