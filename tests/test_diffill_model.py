@@ -344,24 +344,56 @@ def test_registration_survives_a_second_import() -> None:
     assert type(AutoModelForMaskedLM.from_config(tiny_config())).__name__ == "DiffillForInfilling"
 
 
-def test_loss_only_gives_the_same_loss_and_gradients():
-    import torch
+@pytest.mark.parametrize("chunk", [256, 3])  # one chunk, and several with a remainder (`output_loss.CHUNK`)
+@pytest.mark.parametrize("dense", [False, True])  # the span alone, and next-token supervision of the context too
+def test_loss_only_gives_the_same_loss_and_gradients(chunk, dense, monkeypatch):
+    from infill_engine.diffill_model import output_loss
 
-    from infill_engine.diffill_model import DiffillConfig, DiffillForInfilling
-
+    monkeypatch.setattr(output_loss, "CHUNK", chunk)
     torch.manual_seed(0)
     model = DiffillForInfilling(DiffillConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2,
-                                              num_attention_heads=2, intermediate_size=64))
+                                              num_attention_heads=2, intermediate_size=64,
+                                              causal_context=dense, shift_logits=dense))
     ids = torch.randint(0, 50, (2, 12))
     canvas = torch.zeros(2, 12, dtype=torch.bool)
     canvas[:, 4:8] = True
     labels = torch.where(canvas, ids, torch.full_like(ids, -100))
     weights = torch.rand(2, 12) + 0.5
-    full = model(ids, canvas_mask=canvas, labels=labels, loss_weights=weights).loss
+    extra = {"next_token_labels": torch.where(canvas, -100, ids), "next_token_weight": 0.7} if dense else {}
+    full = model(ids, canvas_mask=canvas, labels=labels, loss_weights=weights, **extra).loss
     full.backward()
-    grad = model.embed_tokens.weight.grad.clone()
+    grads = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
-    fast = model(ids, canvas_mask=canvas, labels=labels, loss_weights=weights, loss_only=True).loss
+    fast = model(ids, canvas_mask=canvas, labels=labels, loss_weights=weights, loss_only=True, **extra).loss
     fast.backward()
     assert torch.allclose(full, fast, atol=1e-6)
-    assert torch.allclose(grad, model.embed_tokens.weight.grad, atol=1e-6)
+    assert all(torch.allclose(g, p.grad, atol=1e-6) for g, p in zip(grads, model.parameters()))
+    with torch.no_grad():  # evaluation: the losses alone
+        assert torch.allclose(model(ids, canvas_mask=canvas, labels=labels, loss_weights=weights, loss_only=True,
+                                    **extra).loss, full, atol=1e-6)
+
+
+def test_the_chunked_loss_under_bfloat16_autocast_is_the_whole_logits_one():
+    from infill_engine.diffill_model.output_loss import CHUNK, output_cross_entropy
+
+    generator = torch.Generator().manual_seed(1)
+    rows = 2 * CHUNK + 37  # chunks and a remainder
+    hidden = torch.randn(rows, 32, generator=generator)
+    weight = (torch.randn(512, 32, generator=generator) * 0.3).requires_grad_()
+    targets = torch.randint(0, 512, (rows,), generator=generator)
+    scale = torch.rand(rows, generator=generator) + 0.5
+    results = []
+    for chunked in (False, True):
+        inputs = hidden.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            if chunked:
+                loss = output_cross_entropy(inputs, weight, targets, scale)
+            else:
+                loss = (F.cross_entropy(F.linear(inputs, weight).float(), targets, reduction="none") * scale).sum()
+        loss.backward()
+        results.append((loss.detach(), inputs.grad, weight.grad.clone()))
+        weight.grad = None
+    (whole, whole_hidden, whole_weight), (chunked, chunked_hidden, chunked_weight) = results
+    assert chunked.dtype == torch.float32 and torch.allclose(chunked, whole, rtol=1e-5)
+    assert ((chunked_hidden - whole_hidden).norm() / whole_hidden.norm()).item() < 1e-2  # bfloat16's rounding
+    assert ((chunked_weight - whole_weight).norm() / whole_weight.norm()).item() < 1e-2

@@ -34,6 +34,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import MaskedLMOutput
 
 from .configuration_diffill import DiffillConfig
+from .output_loss import output_cross_entropy
 
 logger = logging.getLogger(__name__)
 IGNORE_INDEX = -100  # label value of positions that carry no loss (the transformers convention)
@@ -659,15 +660,20 @@ class DiffillForInfilling(DiffillPreTrainedModel):
             raise ValueError("next_token_labels need a shift_logits model (the output at t - 1 predicts token t)")
         if loss_only and labels is not None:
             labelled = labels != IGNORE_INDEX  # (B, T)
-            weights = None if loss_weights is None else loss_weights[labelled][None]
-            span_logits = self.lm_head(self.norm(x[labelled]))[None]  # (1, L, V)
-            loss = masked_diffusion_loss(span_logits, labels[labelled][None], weights)
-            if certainty_weight:
-                loss = loss + certainty_weight * certainty_loss(span_logits[0], labels[labelled])
+            weights = None if loss_weights is None else loss_weights[labelled]
+            span = self.norm(x[labelled])  # (L, E)
+            if certainty_weight:  # it reads the span's logits
+                span_logits = self.lm_head(span)  # (L, V)
+                loss = masked_diffusion_loss(span_logits[None], labels[labelled][None], weights)
+                loss = loss + certainty_weight * certainty_loss(span_logits, labels[labelled])
+            else:  # the same loss, the logits never held whole (`output_loss`)
+                count = labelled.sum().clamp(min=1)
+                loss = output_cross_entropy(span, self.lm_head.weight, labels[labelled], weights) / count
             if next_token_labels is not None:
                 context = next_token_labels != IGNORE_INDEX  # (B, T)
-                context_logits = self.lm_head(self.norm(x[context]))  # (L', V)
-                loss = loss + next_token_weight * F.cross_entropy(context_logits.float(), next_token_labels[context])
+                targets = next_token_labels[context]  # (L',)
+                context_loss = output_cross_entropy(self.norm(x[context]), self.lm_head.weight, targets)
+                loss = loss + next_token_weight * context_loss / max(targets.numel(), 1)
             return MaskedLMOutput(loss=loss, logits=None)
         logits = self.lm_head(self.norm(x))  # (B, T, V)
         loss = None if labels is None else masked_diffusion_loss(logits, labels, loss_weights)
