@@ -55,13 +55,16 @@ class _OutputCrossEntropy(torch.autograd.Function):
             rows = slice(start, start + CHUNK)
             inputs, chosen = hidden[rows].to(dtype), targets[rows]  # (c, E), (c,)
             logits = (inputs @ projection.T).float()  # (c, V)
-            normaliser = torch.logsumexp(logits, dim=-1)  # (c,)
-            losses = normaliser - logits.gather(-1, chosen[:, None]).squeeze(-1)  # (c,)
+            picked = logits.gather(-1, chosen[:, None]).squeeze(-1)  # (c,) the targets' logits
+            largest = logits.amax(dim=-1, keepdim=True)  # (c, 1)
+            exponentials = logits.sub_(largest).exp_()  # (c, V) in place of the logits: one pass for both uses
+            sums = exponentials.sum(dim=-1)  # (c,)
+            losses = largest.squeeze(-1) + sums.log() - picked  # (c,) log-sum-exp minus the target's logit
             scale = None if token_weights is None else token_weights[rows].float()  # (c,)
             total += losses.sum() if scale is None else (losses * scale).sum()
             if not wanted:
                 continue
-            gradient = logits.sub_(normaliser[:, None]).exp_()  # (c, V) the softmax, in place of the logits
+            gradient = exponentials.div_(sums[:, None])  # (c, V) the softmax
             gradient[torch.arange(chosen.shape[0], device=chosen.device), chosen] -= 1.0
             if scale is not None:
                 gradient *= scale[:, None]
