@@ -728,6 +728,28 @@ def test_corpus_token_counts_by_kind_match_tokenizing_each_file(tokenizer) -> No
         assert counts[kind] == (sum(len(text) for text in texts), tokens)
 
 
+def test_a_large_corpus_s_tokens_are_counted_on_an_even_sample_and_scaled(prepared_run: Path, monkeypatch) -> None:
+    from transformers import AutoTokenizer
+
+    from infill_engine.training import run_directory
+    from infill_engine.training.corpus import Corpus, CorpusManifest, Document
+
+    tokenizer = AutoTokenizer.from_pretrained(prepared_run / "tokenizer")
+    manifest = read_corpus(prepared_run).manifest
+    assert manifest.tokens > 0 and manifest.tokens_counted_share == 1.0  # a small corpus: every token counted
+    texts = ["def mean(values):\n    return sum(values) / len(values)\n", "const answer = 42;\n", "import os\n"]
+    documents = [Document(f"f{i}{'.py' if i % 3 != 1 else '.js'}", texts[i % 3] * (1 + i % 5), str(i), "train")
+                 for i in range(300)]
+    corpus = Corpus(documents, CorpusManifest(sources=["here"]))
+    exact, chars, python_exact, share = run_directory.count_tokens(tokenizer, corpus)
+    assert share == 1.0 and exact == sum(len(tokenizer(d.text, add_special_tokens=False)["input_ids"])
+                                         for d in documents)
+    monkeypatch.setattr(run_directory, "COUNTED_CHARS", chars // 4)  # as if the corpus were four times the limit
+    estimate, same_chars, python_estimate, share = run_directory.count_tokens(tokenizer, corpus)
+    assert same_chars == chars and 0.15 < share < 0.35  # every fourth or fifth document tokenized
+    assert estimate == pytest.approx(exact, rel=0.1) and python_estimate == pytest.approx(python_exact, rel=0.1)
+
+
 def test_held_out_loss_is_measured_as_served_whatever_the_training_layout(prepared_run: Path, source_dir: Path,
                                                                          tmp_path: Path) -> None:
     # with a learning rate too small to move the weights, runs that train on one or on three holes per window report

@@ -71,6 +71,7 @@ class CorpusManifest:
     bench: dict[str, Any] = field(default_factory=dict)  # path, problems, shingles, matches, example files
     tokens: int | None = None  # filled in once the tokenizer exists
     chars_per_token_python: float | None = None
+    tokens_counted_share: float | None = None  # of the characters tokenized for `tokens` (1.0: all; below: scaled)
     # registry packages read (from sources.json): ecosystem, name, version, licence, ..., kept_files, kept_bytes
     packages: list[dict[str, Any]] = field(default_factory=list)
 
@@ -86,6 +87,7 @@ class CorpusManifest:
             "bench": self.bench,
             "tokens": self.tokens,
             "chars_per_token_python": self.chars_per_token_python,
+            "tokens_counted_share": self.tokens_counted_share,
             "packages": self.packages,
         }
 
@@ -340,6 +342,7 @@ def read_corpus(directory: str | os.PathLike[str]) -> Corpus:
         sources=raw["sources"], files=raw["files"], bytes=raw["bytes"], eval_files=raw["eval_files"],
         files_by_extension=raw["files_by_extension"], dropped=raw["dropped"], bench=raw["bench"],
         tokens=raw.get("tokens"), chars_per_token_python=raw.get("chars_per_token_python"),
+        tokens_counted_share=raw.get("tokens_counted_share"),
         packages=raw.get("packages", []),
     )
     return Corpus(documents, manifest)
