@@ -368,6 +368,12 @@ def test_loss_only_gives_the_same_loss_and_gradients(chunk, dense, monkeypatch):
     fast.backward()
     assert torch.allclose(full, fast, atol=1e-6)
     assert all(torch.allclose(g, p.grad, atol=1e-6) for g, p in zip(grads, model.parameters()))
+    model.zero_grad(set_to_none=True)
+    model.lm_head.weight.requires_grad_(False)  # a frozen output layer (and embeddings): the rest learns as before
+    model(ids, canvas_mask=canvas, labels=labels, loss_weights=weights, loss_only=True, **extra).loss.backward()
+    assert model.lm_head.weight.grad is None
+    assert all(torch.allclose(g, p.grad, atol=1e-6) for g, p in zip(grads, model.parameters()) if p.requires_grad)
+    model.lm_head.weight.requires_grad_(True)
     with torch.no_grad():  # evaluation: the losses alone
         assert torch.allclose(model(ids, canvas_mask=canvas, labels=labels, loss_weights=weights, loss_only=True,
                                     **extra).loss, full, atol=1e-6)

@@ -46,9 +46,10 @@ class _OutputCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.LongTensor,
                 token_weights: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
-        wanted = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
-        grad_hidden = torch.zeros_like(hidden) if wanted else None  # (L, E)
-        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if wanted else None
+        for_hidden, for_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]  # a frozen output layer: no grad
+        wanted = for_hidden or for_weight
+        grad_hidden = torch.zeros_like(hidden) if for_hidden else None  # (L, E)
+        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if for_weight else None
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
         projection = weight.to(dtype)  # (V, E)
         for start in range(0, hidden.shape[0], CHUNK):
@@ -69,8 +70,10 @@ class _OutputCrossEntropy(torch.autograd.Function):
             if scale is not None:
                 gradient *= scale[:, None]
             gradient = gradient.to(dtype)
-            grad_hidden[rows] = (gradient @ projection).to(hidden.dtype)
-            grad_weight += (gradient.T @ inputs).float()
+            if grad_hidden is not None:
+                grad_hidden[rows] = (gradient @ projection).to(hidden.dtype)
+            if grad_weight is not None:
+                grad_weight += (gradient.T @ inputs).float()
         ctx.save_for_backward(grad_hidden, grad_weight)
         ctx.weight_dtype = weight.dtype
         return total
@@ -78,5 +81,5 @@ class _OutputCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad_total: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         grad_hidden, grad_weight = ctx.saved_tensors
-        return (grad_hidden * grad_total.to(grad_hidden.dtype), (grad_weight * grad_total).to(ctx.weight_dtype),
-                None, None, None)
+        return (None if grad_hidden is None else grad_hidden * grad_total.to(grad_hidden.dtype),
+                None if grad_weight is None else (grad_weight * grad_total).to(ctx.weight_dtype), None, None, None)
