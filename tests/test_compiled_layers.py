@@ -322,3 +322,15 @@ def test_a_benchmark_compiles_the_layers_first_where_none_are_cached(model_dir, 
     assert main(args) == 0  # the next bench finds them cached
     captured = capsys.readouterr()
     assert "compiling" not in captured.err and json.loads(captured.out)["compiled_layers"].startswith("loaded (")
+
+
+def test_a_benchmark_whose_compile_takes_too_long_measures_the_eager_layers(model_dir, package_cache, bench_file,  # noqa: F811
+                                                                             capsys, monkeypatch):
+    from infill_engine.adapters import diffill as diffill_adapter
+
+    monkeypatch.setattr(diffill_adapter, "COMPILE_WAIT_S", 0.01)  # the child is stopped at once
+    assert main(["bench", "fill", "--data", str(bench_file), "--model", str(model_dir), "--sample", "1", "--spans",
+                 "line", "--compiled-layers", "auto", "--dtype", "float32", "--threads", "1", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["compiled_layers"].startswith("failed") and report["rows"][0]["ms_median"] > 0
+    assert not any(path.suffix == ".lock" for path in package_cache.iterdir())  # nothing left held

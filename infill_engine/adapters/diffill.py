@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from infill_engine.interface import ModelSpec
 
 MIN_REUSED = 16  # prefix tokens a request must share with a cached one for its keys and values to be reused
+COMPILE_WAIT_S = 900  # the longest a benchmark waits for the layers' compile (30-60 s here) before running eagerly
 
 
 @dataclass
@@ -105,14 +106,21 @@ class DiffillDenoiser(Denoiser):
     def compile_layers_now(self, spec: ModelSpec, on_start: Callable[[], None] | None = None) -> bool:
         """A benchmark's: where no package is cached for this model, PyTorch and CPU, compile the layers as a server
         would in the background (`diffill compile` in a child process; `on_start` called once it runs), wait for it
-        and run them; whether a compile ran."""
+        (at most COMPILE_WAIT_S: then it is stopped, counts as failed, and the layers run eagerly) and run them;
+        whether a compile ran."""
+        import subprocess
+
         self.compile_layers_in_background(spec)
         job = self.background_compile
         if job is None or job.process is None:
             return False
         if on_start is not None:
             on_start()
-        job.process.wait()
+        try:
+            job.process.wait(timeout=COMPILE_WAIT_S)
+        except subprocess.TimeoutExpired:
+            job.process.kill()
+            job.process.wait()
         self._use_finished_compile()
         return True
 
