@@ -324,8 +324,8 @@ def test_a_benchmark_compiles_the_layers_first_where_none_are_cached(model_dir, 
     assert "compiling" not in captured.err and json.loads(captured.out)["compiled_layers"].startswith("loaded (")
 
 
-def test_a_benchmark_whose_compile_takes_too_long_measures_the_eager_layers(model_dir, package_cache, bench_file,  # noqa: F811
-                                                                             capsys, monkeypatch):
+def test_a_benchmark_whose_compile_takes_too_long_measures_eagerly(model_dir, package_cache, bench_file,  # noqa: F811
+                                                                   capsys, monkeypatch):
     from infill_engine.adapters import diffill as diffill_adapter
 
     monkeypatch.setattr(diffill_adapter, "COMPILE_WAIT_S", 0.01)  # the child is stopped at once
