@@ -659,21 +659,7 @@ class DiffillForInfilling(DiffillPreTrainedModel):
         if next_token_labels is not None and not self.config.shift_logits:
             raise ValueError("next_token_labels need a shift_logits model (the output at t - 1 predicts token t)")
         if loss_only and labels is not None:
-            labelled = labels != IGNORE_INDEX  # (B, T)
-            weights = None if loss_weights is None else loss_weights[labelled]
-            span = self.norm(x[labelled])  # (L, E)
-            if certainty_weight:  # it reads the span's logits
-                span_logits = self.lm_head(span)  # (L, V)
-                loss = masked_diffusion_loss(span_logits[None], labels[labelled][None], weights)
-                loss = loss + certainty_weight * certainty_loss(span_logits, labels[labelled])
-            else:  # the same loss, the logits never held whole (`output_loss`)
-                count = labelled.sum().clamp(min=1)
-                loss = output_cross_entropy(span, self.lm_head.weight, labels[labelled], weights) / count
-            if next_token_labels is not None:
-                context = next_token_labels != IGNORE_INDEX  # (B, T)
-                targets = next_token_labels[context]  # (L',)
-                context_loss = output_cross_entropy(self.norm(x[context]), self.lm_head.weight, targets)
-                loss = loss + next_token_weight * context_loss / max(targets.numel(), 1)
+            loss = self._labelled_loss(x, labels, loss_weights, next_token_labels, next_token_weight, certainty_weight)
             return MaskedLMOutput(loss=loss, logits=None)
         logits = self.lm_head(self.norm(x))  # (B, T, V)
         loss = None if labels is None else masked_diffusion_loss(logits, labels, loss_weights)
@@ -681,6 +667,28 @@ class DiffillForInfilling(DiffillPreTrainedModel):
             loss = loss + next_token_weight * masked_diffusion_loss(logits, next_token_labels)
         return MaskedLMOutput(loss=loss, logits=logits)
 
+    @torch.compiler.disable  # its sizes are the batch's labelled counts: compiled, it would recompile at every batch
+    def _labelled_loss(
+        self, x: torch.Tensor, labels: torch.LongTensor, loss_weights: torch.Tensor | None,
+        next_token_labels: torch.LongTensor | None, next_token_weight: float, certainty_weight: float,
+    ) -> torch.Tensor:
+        """The `loss_only` loss from the blocks' outputs x (B, T, E): the output layer only at labelled positions."""
+        labelled = labels != IGNORE_INDEX  # (B, T)
+        weights = None if loss_weights is None else loss_weights[labelled]
+        span = self.norm(x[labelled])  # (L, E)
+        if certainty_weight:  # it reads the span's logits
+            span_logits = self.lm_head(span)  # (L, V)
+            loss = masked_diffusion_loss(span_logits[None], labels[labelled][None], weights)
+            loss = loss + certainty_weight * certainty_loss(span_logits, labels[labelled])
+        else:  # the same loss, the logits never held whole (`output_loss`)
+            count = labelled.sum().clamp(min=1)
+            loss = output_cross_entropy(span, self.lm_head.weight, labels[labelled], weights) / count
+        if next_token_labels is not None:
+            context = next_token_labels != IGNORE_INDEX  # (B, T)
+            targets = next_token_labels[context]  # (L',)
+            context_loss = output_cross_entropy(self.norm(x[context]), self.lm_head.weight, targets)
+            loss = loss + next_token_weight * context_loss / max(targets.numel(), 1)
+        return loss
 
 __all__ = [
     "certainty_loss",
