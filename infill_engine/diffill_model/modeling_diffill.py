@@ -675,14 +675,13 @@ class DiffillForInfilling(DiffillPreTrainedModel):
         """The `loss_only` loss from the blocks' outputs x (B, T, E): the output layer only at labelled positions."""
         labelled = labels != IGNORE_INDEX  # (B, T)
         weights = None if loss_weights is None else loss_weights[labelled]
-        span = self.norm(x[labelled])  # (L, E)
+        span, span_labels = self.norm(x[labelled]), labels[labelled]  # (L, E), (L,)
         if certainty_weight:  # it reads the span's logits
             span_logits = self.lm_head(span)  # (L, V)
-            loss = masked_diffusion_loss(span_logits[None], labels[labelled][None], weights)
-            loss = loss + certainty_weight * certainty_loss(span_logits, labels[labelled])
+            loss = masked_diffusion_loss(span_logits[None], span_labels[None], weights)
+            loss = loss + certainty_weight * certainty_loss(span_logits, span_labels)
         else:  # the same loss, the logits never held whole (`output_loss`)
-            count = labelled.sum().clamp(min=1)
-            loss = output_cross_entropy(span, self.lm_head.weight, labels[labelled], weights) / count
+            loss = output_cross_entropy(span, self.lm_head.weight, span_labels, weights) / max(span_labels.numel(), 1)
         if next_token_labels is not None:
             context = next_token_labels != IGNORE_INDEX  # (B, T)
             targets = next_token_labels[context]  # (L',)

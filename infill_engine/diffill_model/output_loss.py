@@ -24,19 +24,14 @@ CHUNK = 256  # positions whose logits (8,192 each, float32: 8 MB) are held at on
 def output_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.LongTensor,
                          token_weights: torch.Tensor | None = None) -> torch.Tensor:
     """Sum over positions of weight_i x cross-entropy(hidden_i . weight^T, target_i): hidden (L, E), weight (V, E),
-    targets (L,) (no ignored entries), token_weights (L,) or None (all 1); a float32 scalar with gradients."""
-    if torch.is_autocast_enabled(hidden.device.type):
-        dtype = torch.get_autocast_dtype(hidden.device.type)
+    targets (L,) (no ignored entries), token_weights (L,) or None (all 1); a float32 scalar with gradients. Its sizes
+    change every batch, so it is called outside compiled graphs (`DiffillForInfilling._labelled_loss`)."""
+    device = hidden.device.type
+    if torch.is_autocast_enabled(device):
+        dtype = torch.get_autocast_dtype(device)
     else:
         dtype = torch.promote_types(hidden.dtype, weight.dtype)
-    return _chunked(hidden, weight, targets, token_weights, dtype)
-
-
-@torch.compiler.disable  # a loop over a count that changes every batch: run as it is, between compiled graphs
-def _chunked(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.LongTensor, token_weights: torch.Tensor | None,
-             dtype: torch.dtype) -> torch.Tensor:
-    """`output_cross_entropy` outside autocast, its products in `dtype`."""
-    with torch.autocast(hidden.device.type, enabled=False):
+    with torch.autocast(device, enabled=False):  # the products' dtype is chosen above, explicitly
         return _OutputCrossEntropy.apply(hidden, weight, targets, token_weights, dtype)
 
 
