@@ -137,7 +137,7 @@ def fill_after_end(
     after &= ~is_end
     if frozen is not None:
         after &= ~frozen
-    tokens[after] = end_id
+    tokens.masked_fill_(after, end_id)
     committed |= after
 
 
@@ -210,10 +210,19 @@ def take_best(scores: torch.Tensor, free: torch.Tensor, want: torch.Tensor) -> t
     return free & (ranks < want[:, None])
 
 
+def take_surest(scores: torch.Tensor, free: torch.Tensor) -> torch.Tensor:
+    """Each row's highest-scoring free position (B, N), the first of equals (none in a row with no free position):
+    `take_best` of one, without ranking every position."""
+    best = torch.where(free, scores, -1.0).argmax(dim=-1, keepdim=True)  # (B, 1)
+    return torch.zeros_like(free).scatter_(-1, best, True) & free
+
+
 def by_threshold(
     scores: torch.Tensor, free: torch.Tensor, threshold: float, steps_left: int, least: int = 1
 ) -> torch.Tensor:
     """Fast-dLLM: every free position (B, N) whose score reaches `threshold`, and always the best `least`."""
+    if least == 1:
+        return (free & (scores >= threshold)) | take_surest(scores, free)
     want = torch.clamp(free.sum(dim=-1), max=least)  # (B,)
     return (free & (scores >= threshold)) | take_best(scores, free, want)
 

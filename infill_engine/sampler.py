@@ -127,9 +127,7 @@ def around_committed(
 
     def holding(computed: torch.Tensor, committed: torch.Tensor) -> torch.Tensor:
         if columns is not None:
-            full = committed.clone()
-            full[:, columns] = computed.to(full.dtype)
-            computed = full
+            computed = committed.index_copy(1, columns, computed.to(committed.dtype))
         return torch.where(held, committed, computed)
 
     tokens, probs = state.tokens, state.probs
@@ -156,12 +154,10 @@ def row_temperatures(config: SamplerConfig, step: int, batch: int, device: torch
     return temps
 
 
-def suppress(logits: torch.Tensor, banned: tuple[int, ...]) -> torch.Tensor:
-    """Forbid the `banned` tokens everywhere in `logits` (B, N, V)."""
+def suppress(logits: torch.Tensor, banned: tuple[int, ...]) -> None:
+    """Forbid the `banned` tokens everywhere in `logits` (B, N, V), in place."""
     if banned:
-        logits = logits.clone()
         logits[..., list(banned)] = -math.inf
-    return logits
 
 
 def vocabulary_bias(
@@ -191,71 +187,63 @@ def _bias_vector(never: tuple[int, ...], end_ids: tuple[int, ...], end_bias: flo
 
 def forbid_early_end(
     logits: torch.Tensor, state: CanvasState, end_ids: tuple[int, ...], columns: torch.Tensor | None = None
-) -> torch.Tensor:
-    """The span cannot end before a frozen (kept) token: end-of-span is forbidden up to the last frozen content.
-    `logits` (B, n, V) are those of the canvas positions `columns` (n,), or of all when None."""
+) -> None:
+    """The span cannot end before a frozen (kept) token: end-of-span is forbidden, in place, up to the last frozen
+    content. `logits` (B, n, V) are those of the canvas positions `columns` (n,), or of all when None."""
     if not end_ids or not bool(state.frozen.any()):
-        return logits
+        return
     kept = state.frozen & ~holds_end(state.tokens, end_ids)  # (B, N)
     positions = torch.arange(kept.shape[1], device=kept.device)
     last_kept = torch.where(kept, positions, torch.full_like(positions, -1)).max(dim=-1).values  # (B,)
-    return forbid_end_where(logits, positions[None, :] < last_kept[:, None], end_ids, columns)
+    forbid_end_where(logits, positions[None, :] < last_kept[:, None], end_ids, columns)
 
 
 def forbid_end_where(
     logits: torch.Tensor, where: torch.Tensor, end_ids: tuple[int, ...], columns: torch.Tensor | None = None
-) -> torch.Tensor:
-    """`logits` (B, n, V) with -inf on end-of-span at the canvas positions `where` (B, N) is True; the logits are
-    those of the positions `columns` (n,), or of all when None."""
+) -> None:
+    """-inf, in place, on end-of-span in `logits` (B, n, V) at the canvas positions `where` (B, N) is True; the
+    logits are those of the positions `columns` (n,), or of all when None."""
     if columns is not None:
         where = where[:, columns]  # (B, n)
-    if not bool(where.any()):
-        return logits
-    logits = logits.clone()
-    banned = logits[..., list(end_ids)]
-    logits[..., list(end_ids)] = torch.where(where[..., None], torch.full_like(banned, -math.inf), banned)
-    return logits
+    for end_id in end_ids:
+        logits[..., end_id].masked_fill_(where, -math.inf)
 
 
 def shift_end_until_content(
     logits: torch.Tensor, run: Denoising, state: CanvasState, content_from: torch.Tensor | None,
     columns: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """`logits` (B, n, V) of the canvas positions `columns` (all when None) with `end_bias` added to end-of-span up
-    to each row's first committed content position (`content_from`, computed here when None), as
-    `end_bias_until_content` asks; elsewhere (and without that setting) as they are (`vocabulary_bias` adds a bias
-    that applies everywhere)."""
+) -> None:
+    """Add `end_bias`, in place, to end-of-span in `logits` (B, n, V) of the canvas positions `columns` (all when
+    None) up to each row's first committed content position (`content_from`, computed here when None), as
+    `end_bias_until_content` asks; elsewhere (and without that setting) leave them as they are (`vocabulary_bias`
+    adds a bias that applies everywhere)."""
     config, end_ids = run.config, run.denoiser.special.end_of_span_ids
     if not config.end_bias_until_content or config.end_bias == 0.0 or not end_ids:
-        return logits
+        return
     if content_from is None:
         content_from = first_content(state, run.denoiser.blank_ids, end_ids)
     where = up_to_content(state, content_from)  # (B, N)
     if columns is not None:
         where = where[:, columns]  # (B, n)
-    logits = logits.clone()
     logits[..., list(end_ids)] += config.end_bias * where[..., None].to(logits.dtype)
-    return logits
 
 
 def forbid_tokens(
     logits: torch.Tensor, state: CanvasState, config: SamplerConfig, special: SpecialTokens, first_position: int,
     columns: torch.Tensor | None = None, content_from: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Logits (B, n, V) of the canvas positions `columns` (all when None) with -inf on the tokens a span may not
-    hold where they stand (the ones it holds nowhere are `vocabulary_bias`'s)."""
+) -> None:
+    """-inf, in place, in the logits (B, n, V) of the canvas positions `columns` (all when None) on the tokens a
+    span may not hold where they stand (the ones it holds nowhere are `vocabulary_bias`'s)."""
     too_short = config.min_tokens - first_position  # canvas positions before the span may end
     if not config.allow_end_of_span:
-        logits = suppress(logits, special.end_of_span_ids)
+        suppress(logits, special.end_of_span_ids)
     elif too_short > 0:
         positions = columns if columns is not None else torch.arange(logits.shape[1], device=logits.device)
-        early = (positions < too_short).nonzero().squeeze(-1)  # (k,) columns before the span may end
-        if early.numel():
-            logits = logits.clone()
-            logits[:, early[:, None], list(special.end_of_span_ids)] = -math.inf
+        for end_id in special.end_of_span_ids:  # not at the columns before the span may end
+            logits[..., end_id].masked_fill_(positions < too_short, -math.inf)
     if content_from is not None:  # end_after_content: each row's first content position (`first_content`)
-        logits = forbid_blank_end(logits, state, content_from, special.end_of_span_ids, columns)
-    return forbid_early_end(logits, state, special.end_of_span_ids, columns)
+        forbid_blank_end(logits, state, content_from, special.end_of_span_ids, columns)
+    forbid_early_end(logits, state, special.end_of_span_ids, columns)
 
 
 def first_content(state: CanvasState, blank_ids: torch.Tensor, end_ids: tuple[int, ...]) -> torch.Tensor:
@@ -271,13 +259,12 @@ def first_content(state: CanvasState, blank_ids: torch.Tensor, end_ids: tuple[in
 def forbid_blank_end(
     logits: torch.Tensor, state: CanvasState, first: torch.Tensor, end_ids: tuple[int, ...],
     columns: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """End-of-span forbidden up to each row's first committed token that is not whitespace, `first` (B,) (all of
-    the row's positions while it has none): `logits` (B, n, V) of the canvas positions `columns`, or of all when
-    None."""
-    if not end_ids:
-        return logits
-    return forbid_end_where(logits, up_to_content(state, first), end_ids, columns)
+) -> None:
+    """End-of-span forbidden, in place, up to each row's first committed token that is not whitespace, `first` (B,)
+    (all of the row's positions while it has none): `logits` (B, n, V) of the canvas positions `columns`, or of all
+    when None."""
+    if end_ids:
+        forbid_end_where(logits, up_to_content(state, first), end_ids, columns)
 
 
 def up_to_content(state: CanvasState, first: torch.Tensor) -> torch.Tensor:
@@ -288,13 +275,13 @@ def up_to_content(state: CanvasState, first: torch.Tensor) -> torch.Tensor:
 
 
 def start_before_end(
-    unforbidden: torch.Tensor, logits: torch.Tensor, state: CanvasState, first: torch.Tensor,
+    end_logits: torch.Tensor, logits: torch.Tensor, state: CanvasState, first: torch.Tensor,
     end_ids: tuple[int, ...], columns: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """end_after_content: the positions (B, N) a step may commit, given each row's first content position `first`
     (B,; the canvas length where there is none). In a row without content yet, none where the
-    model would have ended the span (its end-of-span logit in `unforbidden` above every logit left in `logits`,
-    both (B, n, V) of the positions `columns`), except the row's leftmost open position: what the model writes
+    model would have ended the span (its end-of-span logit before the rules forbade it, `end_logits` (B, n), above
+    every logit left in `logits` (B, n, V); both of the positions `columns`), except the row's leftmost open position: what the model writes
     only because it may not end there is filler, and a line break committed at the far end would make the fill
     write every position before it."""
     batch, length = state.tokens.shape
@@ -304,7 +291,7 @@ def start_before_end(
     without_content = first == length  # (B,)
     if not bool(without_content.any()):
         return allowed
-    wanted_end = unforbidden[..., list(end_ids)].amax(dim=-1) > logits.amax(dim=-1)  # (B, n)
+    wanted_end = end_logits > logits.amax(dim=-1)  # (B, n)
     if columns is None:
         allowed &= ~wanted_end
     else:
@@ -435,12 +422,11 @@ def denoise_block(run: Denoising, block: Block, state: CanvasState) -> int:
         if config.end_after_content and block.first_position == 0:
             content_from = first_content(state, run.denoiser.blank_ids, end_ids)
         bias = vocabulary_bias(config, run.denoiser.special, logits.shape[-1], logits.device)  # (V,) every step alike
-        if bias is not None:
-            logits = logits + bias
-        logits = shift_end_until_content(logits, run, state, content_from, columns)
-        unforbidden = logits
-        logits = forbid_tokens(logits, state, config, run.denoiser.special, block.first_position, columns,
-                               content_from)
+        logits = logits + bias if bias is not None else logits.clone()  # the step's own: the rules write into it
+        shift_end_until_content(logits, run, state, content_from, columns)
+        # end_after_content: where the model would end the span, read before the rules forbid it (B, n)
+        end_logits = None if content_from is None else logits[..., list(end_ids)].amax(dim=-1)
+        forbid_tokens(logits, state, config, run.denoiser.special, block.first_position, columns, content_from)
         # pick tokens: draw one per position at each row's temperature; committed positions keep theirs
         temps = row_temperatures(config, step, batch, state.tokens.device)  # (B,)
         prediction = around_committed(run, pick_tokens(logits, temps, config.order, run.generator, config.draw),
@@ -448,7 +434,7 @@ def denoise_block(run: Denoising, block: Block, state: CanvasState) -> int:
         # commit: the rule decides which positions keep their token; the others are (re-)noised
         active = ~done[:, None] & in_window  # (B, N) positions this step may change
         if content_from is not None:  # no content yet: not where the model would have ended the span
-            active &= start_before_end(unforbidden, logits, state, content_from, end_ids, columns)
+            active &= start_before_end(end_logits, logits, state, content_from, end_ids, columns)
         rule.commit(state, prediction, active, config.steps - step)
         # check stop: a stable, confident row takes its argmax and is done
         confident = check_stop(history, prediction, in_window, config) & ~done  # (B,)

@@ -53,6 +53,16 @@ def test_threshold_commits_at_least_one_position_per_step_when_unsure(tokenizer)
     assert counts[-1][0] == 8
 
 
+def test_the_one_position_an_unsure_step_commits_is_its_surest_free_one_the_first_of_equals():
+    from infill_engine.commit_rules import by_threshold, take_best
+
+    scores = torch.tensor([[0.3, 0.7, 0.7, 0.2], [0.5, 0.1, 0.4, 0.6], [0.9, 0.8, 0.1, 0.2]])
+    free = torch.tensor([[True, True, True, True], [True, True, True, False], [False, False, False, False]])
+    chosen = by_threshold(scores, free, threshold=0.95, steps_left=4)
+    assert chosen.tolist() == [[False, True, False, False], [True, False, False, False], [False] * 4]
+    assert torch.equal(chosen, take_best(scores, free, torch.clamp(free.sum(dim=-1), max=1)))
+
+
 @pytest.mark.parametrize("commit", ["threshold", "schedule"])
 def test_min_commits_commits_that_many_of_the_surest_a_step_but_never_where_content_is_required(tokenizer, commit):
     """settle_tail off, so that only the rule commits: 3 a step with min_commits=3, one a step when unsure (threshold)
