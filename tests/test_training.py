@@ -435,6 +435,34 @@ def test_compiled_steps_follow_eager_ones_and_resume_either_way(prepared_run: Pa
     assert result.step == 8 and result.eval_loss is not None
 
 
+@pytest.mark.skipif(not any(shutil.which(name) for name in ("c++", "g++", "clang++")),
+                    reason="no C++ compiler on this machine (torch.compile writes C++ on the CPU)")
+def test_compiled_steps_do_not_compile_again_for_each_batch(prepared_run: Path, source_dir: Path, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The labelled positions differ in number from batch to batch; a step that compiled again for each count (as
+    the loss did inside the compiled graph) runs at a fraction of the compiled speed."""
+    from torch._dynamo.utils import counters
+    from infill_engine.training import train as train_module
+
+    compiled_after: list[int] = []  # frames compiled so far, after each step
+    labelled: list[int] = []
+    step = train_module.train_step
+
+    def counted(model, optimizer, scheduler, batch, *args, **kwargs):
+        result = step(model, optimizer, scheduler, batch, *args, **kwargs)
+        compiled_after.append(int(counters["frames"]["ok"]))
+        labelled.append(int((batch["labels"] != IGNORE_INDEX).sum()))
+        return result
+
+    monkeypatch.setattr(train_module, "train_step", counted)
+    torch._dynamo.reset()
+    run_dir = copy_run(prepared_run, tmp_path / "run")
+    train(tiny_config(run_dir, source_dir, precision="float32", dense=True, holes=2, steps=10, compile="on"))
+    assert len(compiled_after) == 10 and len(set(labelled)) >= 6  # batches of many labelled counts
+    compiling_steps = sum(1 for before, after in zip(compiled_after, compiled_after[1:]) if after > before)
+    assert compiling_steps <= 1  # once at most: a batch with several holes' canvases is the graph's other variant
+
+
 def test_a_step_that_fails_to_compile_runs_eagerly_and_the_run_goes_on(
         prepared_run: Path, source_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
