@@ -239,8 +239,7 @@ def forbid_tokens(
         suppress(logits, special.end_of_span_ids)
     elif too_short > 0:
         positions = columns if columns is not None else torch.arange(logits.shape[1], device=logits.device)
-        for end_id in special.end_of_span_ids:  # not at the columns before the span may end
-            logits[..., end_id].masked_fill_(positions < too_short, -math.inf)
+        forbid_end_where(logits, (positions < too_short)[None, :], special.end_of_span_ids)  # (1, n): before it may end
     if content_from is not None:  # end_after_content: each row's first content position (`first_content`)
         forbid_blank_end(logits, state, content_from, special.end_of_span_ids, columns)
     forbid_early_end(logits, state, special.end_of_span_ids, columns)
