@@ -19,6 +19,7 @@ from infill_engine.canvas import layout_canvas, trim_context
 from infill_engine.diffill_model.modeling_diffill import IGNORE_INDEX
 from infill_engine.special_tokens import END_OF_SPAN_TOKEN, END_OF_TEXT_TOKEN, MASK_TOKEN, PAD_TOKEN
 from infill_engine.training import corpus as corpus_module
+from infill_engine.training import depth_growth
 from infill_engine.training.checkpoints import latest_checkpoint, list_checkpoints
 from infill_engine.training.corpus import build_corpus, read_corpus, word_shingles
 from infill_engine.training.objective import (
@@ -604,6 +605,35 @@ def test_a_new_run_can_start_from_a_trained_model(tmp_path, source_dir):
     longer = tmp_path / "longer"
     train(tiny_config(longer, source_dir, steps=2, checkpoint_every=2, seq_len=120, init_from=trained))
     assert DiffillForInfilling.from_pretrained(latest_checkpoint(longer)).config.max_position_embeddings == 120
+
+
+def test_a_model_grown_deeper_gives_the_same_logits_and_its_new_blocks_train(tmp_path, source_dir, capsys):
+    first = tmp_path / "first"
+    train(tiny_config(first, source_dir, steps=2, checkpoint_every=2))
+    trained = latest_checkpoint(first)
+    deep_dir = tmp_path / "deep"
+    assert depth_growth.main([str(trained), str(deep_dir), "--depth", "4"]) == 0
+    shallow = DiffillForInfilling.from_pretrained(trained).eval()
+    deep = DiffillForInfilling.from_pretrained(deep_dir).eval()
+    assert (shallow.config.num_hidden_layers, deep.config.num_hidden_layers) == (2, 4)
+    ids = torch.randint(5, shallow.config.vocab_size, (2, 60), generator=torch.Generator().manual_seed(0))
+    canvas = torch.zeros_like(ids, dtype=torch.bool)
+    canvas[:, 20:36] = True
+    with torch.no_grad():
+        assert torch.allclose(shallow(ids, canvas_mask=canvas).logits, deep(ids, canvas_mask=canvas).logits, atol=1e-6)
+    assert (deep_dir / "tokenizer.json").read_text() == (trained / "tokenizer.json").read_text()
+    # the added blocks (1 and 3) write nothing at first; a run started from the deeper model grows them
+    grown = tmp_path / "grown"
+    train(tiny_config(grown, source_dir, steps=2, checkpoint_every=2, init_from=deep_dir))
+    after = DiffillForInfilling.from_pretrained(latest_checkpoint(grown))
+    for index in (1, 3):
+        assert not deep.layers[index].attn.o_proj.weight.any() and not deep.layers[index].mlp.down_proj.weight.any()
+        assert after.layers[index].attn.o_proj.weight.any() and after.layers[index].mlp.down_proj.weight.any()
+    # a depth that is not a whole multiple is refused before anything is written
+    with pytest.raises(SystemExit) as refused:
+        depth_growth.main([str(trained), str(tmp_path / "odd"), "--depth", "3"])
+    assert refused.value.code == 2 and "multiple of the model's 2 blocks" in capsys.readouterr().err
+    assert not (tmp_path / "odd").exists()
 
 
 # ------------------------------------------------------------------------------------------------- dense supervision
