@@ -579,6 +579,48 @@ def test_train_command_runs_from_the_cli(prepared_run: Path, source_dir: Path, t
     assert read_corpus(run_dir).manifest.files == len(STDLIB_MODULES)
 
 
+def test_a_run_told_extensions_trains_on_those_files_and_says_what_there_is(prepared_run: Path, source_dir: Path,
+                                                                            tmp_path: Path, capsys) -> None:
+    from diffill.cli import main
+    from infill_engine.training.corpus import Corpus, CorpusManifest, Document
+
+    documents = [Document(f"src/{name}", "x = 1\n", name, split) for name, split in
+                 (("a.py", "train"), ("b.js", "train"), ("c.py", "eval"), ("d.py", "train"), ("e.ts", "train"))]
+    corpus = Corpus(documents, CorpusManifest(sources=["src"]))
+    assert [d.path for d in corpus.training_documents((".py",))] == ["src/a.py", "src/d.py"]
+    assert [d.path for d in corpus.training_documents((".js", ".ts"))] == ["src/b.js", "src/e.ts"]
+    assert len(corpus.training_documents()) == 4  # no extensions: the whole train split
+    with pytest.raises(ValueError, match=r"no training file ends with \.rs; the corpus has: \.py \(2\), \.js \(1\)"):
+        corpus.training_documents((".rs",))
+
+    run_dir = copy_run(prepared_run, tmp_path / "run")  # the test sources are all Python
+    with pytest.raises(ValueError, match=r"ends with \.js; the corpus has: \.py"):
+        train(tiny_config(run_dir, source_dir, extensions=(".js",), steps=1))
+    assert train(tiny_config(run_dir, source_dir, extensions=(".py",), steps=1)).step == 1
+    argv = ["train", "--run-dir", str(tmp_path / "other"), "--no-stdlib", "--source", str(source_dir),
+            "--preset", "tiny", "--extensions", "py"]
+    assert main(argv) == 2 and "such as .py" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="starts with a dot"):
+        TrainConfig(run_dir=tmp_path, extensions=("py",))
+
+
+def test_line_share_sets_how_many_holes_are_lines(tokenizer, source_dir: Path, tmp_path: Path) -> None:
+    objective = TrainConfig(run_dir=tmp_path, line_share=0.9).resolved().objective
+    assert objective.line_prob == 0.9 and objective.block_prob == pytest.approx(0.06)  # blocks : token runs = 3 : 2
+    assert TrainConfig(run_dir=tmp_path).resolved().objective.line_prob == ObjectiveConfig().line_prob
+    document = (source_dir / "textwrap.py").read_text()
+    rng = random.Random(0)
+    shares = {}
+    for share in (0.2, 0.9):
+        config = replace(TrainConfig(run_dir=tmp_path, line_share=share).resolved().objective, seq_len=160)
+        kinds = [sample_hole(document, rng, tokenizer, config).kind for _ in range(300)]
+        shares[share] = sum(kind in ("line", "rest_of_line") for kind in kinds) / len(kinds)
+    assert shares[0.9] > 0.8 and shares[0.2] < 0.35
+    for bad in (1.5, -0.1):
+        with pytest.raises(ValueError, match="line share"):
+            TrainConfig(run_dir=tmp_path, line_share=bad)
+
+
 def test_a_new_run_needs_data() -> None:
     with pytest.raises(ValueError, match="no training data"):
         TrainConfig(run_dir=Path("unused"), use_stdlib=False)

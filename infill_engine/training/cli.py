@@ -61,6 +61,12 @@ def add_arguments(train: argparse.ArgumentParser) -> None:
     train.add_argument("--end-weight", type=float, default=1.0, metavar="W",
                        help="multiply the loss weight of each span's first end-of-span position (where the middle "
                             "ends, which decides where a fill of unknown length stops) by W (default: 1)")
+    train.add_argument("--extensions", type=_extensions, default=(), metavar=".EXT[,.EXT...]",
+                       help="train only on the corpus files whose names end so, e.g. .py (default: every file); "
+                            "the held-out loss stays on every held-out file, comparable with other runs")
+    train.add_argument("--line-share", type=float, metavar="P",
+                       help="share of the holes that are a whole line or the rest of one, as ghost text and the "
+                            "single-line benchmark ask (default: 0.5); the rest are blocks and token runs, 3 to 2")
     train.add_argument("--autoregressive", action="store_true",
                        help="train the autoregressive twin instead: the same model class and tokenizer (plus FIM "
                             "sentinels), causal attention, prefix-suffix-middle sequences, next-token loss; compare "
@@ -77,6 +83,16 @@ def add_arguments(train: argparse.ArgumentParser) -> None:
     train.add_argument("--fetch-corpus", type=Path, metavar="DEST",
                        help="instead of training, download the packages of infill_engine/training/corpus_packages.tsv "
                             "into DEST (resumable) and stop; then train with --source DEST (see docs/MODEL.md)")
+
+
+def _extensions(text: str) -> tuple[str, ...]:
+    """`--extensions`: comma-separated file name endings, each with its dot."""
+    endings = tuple(part.strip() for part in text.split(",") if part.strip())
+    bad = [e for e in endings if not e.startswith(".") or len(e) < 2]
+    if not endings or bad:
+        raise argparse.ArgumentTypeError(f"expected file name endings with their dot, such as .py or .py,.pyi "
+                                         f"(got {text!r})")
+    return endings
 
 
 def run(args: argparse.Namespace) -> int:
@@ -124,6 +140,8 @@ def run(args: argparse.Namespace) -> int:
             certainty_weight=args.certainty_weight,
             end_weight=args.end_weight,
             autoregressive=args.autoregressive,
+            extensions=args.extensions,
+            line_share=args.line_share,
             data_workers=args.data_workers,
         )
         result = train(config)

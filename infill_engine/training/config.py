@@ -97,6 +97,12 @@ class TrainConfig:
     end_weight: float = 1.0
     # The autoregressive twin (fim_objective): causal attention, prefix-suffix-middle sequences, next-token loss
     autoregressive: bool = False
+    # train only on the corpus files whose names end so (e.g. (".py",)); (): every file. The held-out batches keep
+    # every file, so that the run's held-out loss stays on the scale of every other run's
+    extensions: tuple[str, ...] = ()
+    # share of holes that are a line or the rest of one (ObjectiveConfig.line_prob); the rest keeps the default
+    # split between blocks and token runs (3 to 2). None: the objective's default (0.5)
+    line_share: float | None = None
 
     def __post_init__(self) -> None:
         if self.preset not in PRESETS:
@@ -124,6 +130,15 @@ class TrainConfig:
                                     or self.end_weight != 1.0):
             raise ValueError("--autoregressive trains the twin's own objective: it takes no --dense, --holes, "
                              "--certainty-weight, --end-weight or --data-workers")
+        for extension in self.extensions:
+            if not (isinstance(extension, str) and extension.startswith(".") and len(extension) > 1):
+                raise ValueError(f"an extension is a file name ending that starts with a dot, such as .py "
+                                 f"(got {extension!r})")
+        if self.line_share is not None and not (isinstance(self.line_share, (int, float))
+                                                and 0 <= self.line_share <= 1):
+            raise ValueError(f"line share must be a number in [0, 1] (got {self.line_share!r})")
+        if self.autoregressive and self.line_share is not None:
+            raise ValueError("--line-share is the diffusion objective's; the twin (--autoregressive) takes none")
         if self.precision not in PRECISIONS:
             raise ValueError(f"unknown precision {self.precision!r}; allowed: {', '.join(PRECISIONS)}")
         if self.compile not in COMPILES:
@@ -138,6 +153,8 @@ class TrainConfig:
         steps = self.steps or preset.steps
         objective = self.objective or ObjectiveConfig(seq_len=seq_len, max_span_tokens=min(64, seq_len // 2),
                                                       holes=self.holes, end_weight=self.end_weight)
+        if self.objective is None and self.line_share is not None:
+            objective = with_line_share(objective, self.line_share)
         return replace(
             self,
             run_dir=Path(self.run_dir),
@@ -149,3 +166,10 @@ class TrainConfig:
             warmup_steps=self.warmup_steps if self.warmup_steps is not None else min(500, max(1, steps // 20)),
             objective=replace(objective, seq_len=seq_len),
         )
+
+
+def with_line_share(objective: ObjectiveConfig, line_share: float) -> ObjectiveConfig:
+    """`objective` with `line_share` of its holes lines, the rest split between blocks and token runs as before."""
+    rest = 1.0 - objective.line_prob
+    block_part = objective.block_prob / rest if rest > 0 else 0.6
+    return replace(objective, line_prob=line_share, block_prob=(1.0 - line_share) * block_part)

@@ -103,6 +103,19 @@ class Corpus:
         """The documents of one split ("train" or "eval")."""
         return [d for d in self.documents if d.split == name]
 
+    def training_documents(self, extensions: tuple[str, ...] = ()) -> list[Document]:
+        """The train split, only the files whose names end with one of `extensions` where any are given; a
+        ValueError naming the endings the split has when none matches."""
+        documents = self.split("train")
+        if not extensions:
+            return documents
+        chosen = [d for d in documents if d.path.endswith(extensions)]
+        if not chosen:
+            counts = Counter(Path(d.path).suffix or "(none)" for d in documents)
+            have = ", ".join(f"{suffix} ({count})" for suffix, count in counts.most_common())
+            raise ValueError(f"no training file ends with {' or '.join(extensions)}; the corpus has: {have}")
+        return chosen
+
 
 def stdlib_directory() -> Path:
     """The running interpreter's standard library."""

@@ -250,8 +250,11 @@ def train(config: TrainConfig) -> TrainResult:
         from infill_engine.training.fim_objective import add_fim_tokens
 
         tokenizer = add_fim_tokens(tokenizer)
-    train_docs = corpus.split("train")
-    eval_docs = corpus.split("eval") or train_docs
+    train_docs = corpus.training_documents(config.extensions)
+    eval_docs = corpus.split("eval") or corpus.split("train")
+    if config.extensions:
+        logger.info("training on the %d of %d training files ending with %s", len(train_docs),
+                    len(corpus.split("train")), " or ".join(config.extensions))
     (run_dir / "run_config.json").write_text(
         json.dumps({k: str(v) if isinstance(v, Path) else v for k, v in asdict(config).items()}, indent=2,
                    default=str) + "\n", encoding="utf-8",
