@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import gzip
 import json
+import math
 import os
 import shutil
 import statistics
@@ -81,6 +82,76 @@ class Report:
             "canvas_positions_per_forward": round(sum(o.positions for o in self.outcomes) / passes, 3),
             "ms_per_problem": round(statistics.mean(o.ms for o in self.outcomes), 1) if self.outcomes else 0.0,
         }
+
+
+@dataclass(frozen=True)
+class PairedComparison:
+    """One protocol's outcomes against an earlier run's, on the problems both scored: what changed, and whether the
+    change in pass@1 is more than chance (McNemar's exact test on the problems gained and lost)."""
+
+    protocol: str
+    problems: int  # scored by both runs
+    passing_before: int
+    passing_now: int
+    gained: int  # passing now, failing before
+    lost: int  # failing now, passing before
+    identical: int  # the same completion in both runs
+    p_value: float  # two-sided; near 1 where gains and losses balance, small where one side dominates
+
+    def summary(self) -> dict[str, Any]:
+        """The comparison as plain data."""
+        return {"protocol": self.protocol, "problems": self.problems, "passing_before": self.passing_before,
+                "passing_now": self.passing_now, "gained": self.gained, "lost": self.lost,
+                "identical_fills": self.identical, "p_value": round(self.p_value, 4)}
+
+    def line(self) -> str:
+        """One line for a person."""
+        return (f"{self.protocol}: {self.problems} problems in both: passing {self.passing_before} -> "
+                f"{self.passing_now} ({self.gained} gained, {self.lost} lost; McNemar p = {self.p_value:.2f}), "
+                f"identical fills {self.identical}")
+
+
+def mcnemar_p(gained: int, lost: int) -> float:
+    """McNemar's exact two-sided p-value: the chance of a split at least this uneven between `gained` and `lost`
+    problems if each changed problem were a fair coin."""
+    changed = gained + lost
+    if changed == 0:
+        return 1.0
+    tail = sum(math.comb(changed, k) for k in range(min(gained, lost) + 1)) / 2**changed
+    return min(1.0, 2 * tail)
+
+
+def read_outcomes(path: str | os.PathLike[str]) -> dict[str, dict[str, dict[str, Any]]]:
+    """The outcomes of an earlier `diffill eval humaneval-infill --out` file: per protocol, per task id."""
+    try:
+        saved = json.loads(Path(path).read_text(encoding="utf-8"))
+        outcomes = {protocol: {o["task_id"]: o for o in rows} for protocol, rows in saved["outcomes"].items()}
+        for rows in outcomes.values():
+            for outcome in rows.values():
+                if not isinstance(outcome["passed"], bool) or not isinstance(outcome["completion"], str):
+                    raise TypeError("passed must be true or false and completion a string")
+    except OSError as error:
+        raise ValueError(f"cannot read {str(path)!r}: {error.strerror or error}") from None
+    except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as error:
+        raise ValueError(f"{str(path)!r} is not the --out file of `diffill eval humaneval-infill` ({error})") from None
+    return outcomes
+
+
+def compare_outcomes(earlier: dict[str, dict[str, dict[str, Any]]], reports: list[Report]) -> list[PairedComparison]:
+    """Each report against the earlier run's outcomes of its protocol, on the problems both scored (none where the
+    earlier run did not score that protocol)."""
+    comparisons = []
+    for report in reports:
+        before = earlier.get(report.protocol, {})
+        pairs = [(before[o.task_id], o) for o in report.outcomes if o.task_id in before]
+        if not pairs:
+            continue
+        gained = sum(now.passed and not then["passed"] for then, now in pairs)
+        lost = sum(then["passed"] and not now.passed for then, now in pairs)
+        comparisons.append(PairedComparison(
+            report.protocol, len(pairs), sum(then["passed"] for then, _ in pairs), sum(now.passed for _, now in pairs),
+            gained, lost, sum(then["completion"] == now.completion for then, now in pairs), mcnemar_p(gained, lost)))
+    return comparisons
 
 
 def load_problems(path: str | os.PathLike[str], limit: int | None = None) -> list[Problem]:

@@ -57,6 +57,42 @@ def test_eval_prints_both_protocols(capsys, bench_file, model_dirs, tmp_path):
     assert len(details["outcomes"]["oracle"]) == 2
 
 
+def test_a_run_against_an_earlier_one_counts_gains_losses_and_chance(capsys, bench_file, model_dirs, tmp_path):
+    """--against: the same model again changes nothing (p = 1); against a run that passed both, both are lost."""
+    first = tmp_path / "first.json"
+    model = ["--data", str(bench_file), "--model", str(model_dirs["diffill"]), "--max-tokens", "8"]
+    assert main(["eval", "humaneval-infill", *model, "--out", str(first)]) == 0
+    capsys.readouterr()
+    assert main(["eval", "humaneval-infill", *model, "--against", str(first), "--json"]) == 0
+    against = json.loads(capsys.readouterr().out)["against"]["protocols"]
+    assert [c["protocol"] for c in against] == ["unknown", "oracle"]
+    assert all(c["problems"] == 2 and c["identical_fills"] == 2 and c["gained"] == c["lost"] == 0
+               and c["p_value"] == 1.0 for c in against)
+
+    saved = json.loads(first.read_text())
+    passing = [o for o in saved["outcomes"]["unknown"] if o["passed"]]
+    for outcome in saved["outcomes"]["unknown"]:
+        outcome["passed"], outcome["completion"] = True, PROBLEMS[0]["canonical_solution"]
+    all_passed = tmp_path / "all-passed.json"
+    all_passed.write_text(json.dumps({"outcomes": {"unknown": saved["outcomes"]["unknown"]}}))
+    assert main(["eval", "humaneval-infill", *model, "--protocol", "unknown", "--against", str(all_passed)]) == 0
+    printed = capsys.readouterr().out
+    lost = 2 - len(passing)  # a random tiny model; whatever it passed now it passed before
+    assert f"2 problems in both: passing 2 -> {len(passing)} (0 gained, {lost} lost; McNemar p = " in printed
+    assert ("p = 0.50" if lost == 2 else "p = 1.00") in printed
+
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"summary": []}))
+    assert main(["eval", "humaneval-infill", *model, "--against", str(bad)]) == 2
+    assert "is not the --out file of `diffill eval humaneval-infill`" in capsys.readouterr().err
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"outcomes": {"unknown": [{"task_id": "Else/0", "passed": True, "completion": ""}]}}))
+    assert main(["eval", "humaneval-infill", *model, "--protocol", "oracle", "--against", str(other)]) == 2
+    assert "scored no problem of this run under oracle (it has unknown: 1)" in capsys.readouterr().err
+    assert main(["eval", "humaneval-infill", *model, "--against", str(tmp_path / "missing.json")]) == 2
+    assert "cannot read" in capsys.readouterr().err
+
+
 def test_a_sampler_variant_changes_the_fills_and_a_bad_one_is_refused(capsys, bench_file, model_dirs, tmp_path):
     """--variant end_bias=-30 writes the whole canvas where +30 ends every span after one token."""
     lengths = {}

@@ -31,6 +31,9 @@ def add_arguments(evaluation: argparse.ArgumentParser) -> None:
                                 "as automatic ghost text; the server's asked fills use 2)")
     humaneval.add_argument("--workers", type=int, default=2, help="parallel test subprocesses (default: 2)")
     humaneval.add_argument("--out", help="also write every completion and verdict to this JSON file")
+    humaneval.add_argument("--against", metavar="EARLIER.json",
+                           help="compare problem by problem with an earlier run's --out file: problems gained and "
+                                "lost, identical fills, and McNemar's p-value (is the change more than chance?)")
     humaneval.add_argument("--json", action="store_true", help="print JSON")
 
 
@@ -39,7 +42,8 @@ def run(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
     from infill_engine.atomic import write_text_atomic
-    from infill_engine.evaluation import DEFAULT_BENCH, PROTOCOLS, evaluate, load_problems, spread_sample
+    from infill_engine.evaluation import DEFAULT_BENCH, PROTOCOLS, compare_outcomes, evaluate, load_problems
+    from infill_engine.evaluation import read_outcomes, spread_sample
     from infill_engine.request import InfillRequest
     from infill_engine.sampler import sampler_variant
 
@@ -49,12 +53,18 @@ def run(args: argparse.Namespace) -> int:
             problems = spread_sample(problems, args.sample)
         check_fill_options(args)
         InfillRequest("", "", candidates=args.candidates).validate()  # a count outside 1..MAX_CANDIDATES
+        earlier = read_outcomes(args.against) if args.against else None
     except ValueError as error:
         raise UsageError(str(error)) from None
+    protocols = PROTOCOLS if args.protocol == "both" else (args.protocol,)
+    if earlier is not None:  # refused before the model loads: nothing to compare with
+        shared = {p for p in protocols if {o.task_id for o in problems} & set(earlier.get(p, {}))}
+        if not shared:
+            raise UsageError(f"{args.against} scored no problem of this run under {' or '.join(protocols)} (it has "
+                             f"{', '.join(f'{p}: {len(rows)}' for p, rows in earlier.items()) or 'no outcomes'})")
     engine = load_in_process(args)
     if args.variant:
         engine.sampler = sampler_variant(args.variant, engine.sampler)
-    protocols = PROTOCOLS if args.protocol == "both" else (args.protocol,)
 
     def progress(protocol: str, done: int, total: int) -> None:
         if sys.stderr.isatty() or done == total or done % 100 == 0:
@@ -67,9 +77,12 @@ def run(args: argparse.Namespace) -> int:
         details = {r.protocol: [asdict(o) for o in r.outcomes] for r in reports}
         write_text_atomic(args.out, json.dumps({"summary": summaries, "outcomes": details}, indent=1))
     model = engine.describe()
+    comparisons = compare_outcomes(earlier, reports) if earlier is not None else []
     if args.json:
+        against = {} if earlier is None else {"against": {"file": args.against,
+                                                          "protocols": [c.summary() for c in comparisons]}}
         print(json.dumps({"model": model.path, "variant": args.variant or "", "budget_ms": args.budget_ms,
-                          "candidates": args.candidates, "summary": summaries}, indent=2))
+                          "candidates": args.candidates, "summary": summaries, **against}, indent=2))
         return 0
     variant = f"; sampler {args.variant}" if args.variant else ""
     budget = f"; budget {args.budget_ms} ms a fill" if args.budget_ms is not None else ""
@@ -79,4 +92,6 @@ def run(args: argparse.Namespace) -> int:
     for row in summaries:
         print(f"{row['protocol']:<9} {row['pass@1']:>7} {row['exact_match']:>7} {row['syntax_valid']:>7} "
               f"{row['tokens_per_forward']:>8} {row['canvas_positions_per_forward']:>10} {row['ms_per_problem']:>11}")
+    for comparison in comparisons:
+        print(f"against {args.against}, {comparison.line()}")
     return 0
