@@ -81,6 +81,7 @@ class Report:
             "tokens_per_forward": round(sum(o.tokens for o in self.outcomes) / passes, 3),
             "canvas_positions_per_forward": round(sum(o.positions for o in self.outcomes) / passes, 3),
             "ms_per_problem": round(statistics.mean(o.ms for o in self.outcomes), 1) if self.outcomes else 0.0,
+            "blank_fills": sum(not o.completion.strip() for o in self.outcomes),  # no suggestion for the user
         }
 
 
@@ -97,18 +98,21 @@ class PairedComparison:
     lost: int  # failing now, passing before
     identical: int  # the same completion in both runs
     p_value: float  # two-sided; near 1 where gains and losses balance, small where one side dominates
+    blank_before: int  # completions that are only whitespace: no suggestion
+    blank_now: int
 
     def summary(self) -> dict[str, Any]:
         """The comparison as plain data."""
         return {"protocol": self.protocol, "problems": self.problems, "passing_before": self.passing_before,
                 "passing_now": self.passing_now, "gained": self.gained, "lost": self.lost,
-                "identical_fills": self.identical, "p_value": round(self.p_value, 4)}
+                "identical_fills": self.identical, "p_value": round(self.p_value, 4),
+                "blank_fills_before": self.blank_before, "blank_fills_now": self.blank_now}
 
     def line(self) -> str:
         """One line for a person."""
         return (f"{self.protocol}: {self.problems} problems in both: passing {self.passing_before} -> "
                 f"{self.passing_now} ({self.gained} gained, {self.lost} lost; McNemar p = {self.p_value:.2f}), "
-                f"identical fills {self.identical}")
+                f"identical fills {self.identical}, blank fills {self.blank_before} -> {self.blank_now}")
 
 
 def mcnemar_p(gained: int, lost: int) -> float:
@@ -150,7 +154,8 @@ def compare_outcomes(earlier: dict[str, dict[str, dict[str, Any]]], reports: lis
         lost = sum(then["passed"] and not now.passed for then, now in pairs)
         comparisons.append(PairedComparison(
             report.protocol, len(pairs), sum(then["passed"] for then, _ in pairs), sum(now.passed for _, now in pairs),
-            gained, lost, sum(then["completion"] == now.completion for then, now in pairs), mcnemar_p(gained, lost)))
+            gained, lost, sum(then["completion"] == now.completion for then, now in pairs), mcnemar_p(gained, lost),
+            sum(not then["completion"].strip() for then, _ in pairs), sum(not now.completion.strip() for _, now in pairs)))
     return comparisons
 
 

@@ -55,6 +55,8 @@ def test_eval_prints_both_protocols(capsys, bench_file, model_dirs, tmp_path):
     assert all(row["problems"] == 2 for row in summary)
     details = json.loads(out_file.read_text())
     assert len(details["outcomes"]["oracle"]) == 2
+    for row in summary:  # fills that are only whitespace: no suggestion for the user
+        assert row["blank_fills"] == sum(not o["completion"].strip() for o in details["outcomes"][row["protocol"]])
 
 
 def test_a_run_against_an_earlier_one_counts_gains_losses_and_chance(capsys, bench_file, model_dirs, tmp_path):
@@ -79,6 +81,8 @@ def test_a_run_against_an_earlier_one_counts_gains_losses_and_chance(capsys, ben
     printed = capsys.readouterr().out
     lost = 2 - len(passing)  # a random tiny model; whatever it passed now it passed before
     assert f"2 problems in both: passing 2 -> {len(passing)} (0 gained, {lost} lost; McNemar p = " in printed
+    blank_now = sum(not o["completion"].strip() for o in json.loads(first.read_text())["outcomes"]["unknown"])
+    assert f"blank fills 0 -> {blank_now}" in printed  # the earlier file's fills all wrote the solution
     assert ("p = 0.50" if lost == 2 else "p = 1.00") in printed
 
     bad = tmp_path / "bad.json"
