@@ -155,7 +155,8 @@ def compare_outcomes(earlier: dict[str, dict[str, dict[str, Any]]], reports: lis
         comparisons.append(PairedComparison(
             report.protocol, len(pairs), sum(then["passed"] for then, _ in pairs), sum(now.passed for _, now in pairs),
             gained, lost, sum(then["completion"] == now.completion for then, now in pairs), mcnemar_p(gained, lost),
-            sum(not then["completion"].strip() for then, _ in pairs), sum(not now.completion.strip() for _, now in pairs)))
+            sum(not then["completion"].strip() for then, _ in pairs),
+            sum(not now.completion.strip() for _, now in pairs)))
     return comparisons
 
 

@@ -88,8 +88,8 @@ def run(args: argparse.Namespace) -> int:
     budget = f"; budget {args.budget_ms} ms a fill" if args.budget_ms is not None else ""
     ranked = f"; the first of {args.candidates} candidates" if args.candidates > 1 else ""
     print(f"model: {model.path} ({model.family}); {len(problems)} problems{variant}{budget}{ranked}")
-    print(f"{'protocol':<9} {'pass@1':>7} {'exact':>7} {'syntax':>7} {'tok/fwd':>8} {'canvas/fwd':>10} {'ms/problem':>11} "
-          f"{'blank':>6}")
+    print(f"{'protocol':<9} {'pass@1':>7} {'exact':>7} {'syntax':>7} {'tok/fwd':>8} {'canvas/fwd':>10} "
+          f"{'ms/problem':>11} {'blank':>6}")
     for row in summaries:
         print(f"{row['protocol']:<9} {row['pass@1']:>7} {row['exact_match']:>7} {row['syntax_valid']:>7} "
               f"{row['tokens_per_forward']:>8} {row['canvas_positions_per_forward']:>10} {row['ms_per_problem']:>11} "
