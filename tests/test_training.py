@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import random
+import re
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -602,6 +603,71 @@ def test_a_run_told_extensions_trains_on_those_files_and_says_what_there_is(prep
     assert main(argv) == 2 and "such as .py" in capsys.readouterr().err
     with pytest.raises(ValueError, match="starts with a dot"):
         TrainConfig(run_dir=tmp_path, extensions=("py",))
+
+
+FUNCTIONS_MODULE = '''"""A module."""
+import os
+from typing import (
+    List,
+)
+
+LIMIT = 3
+
+
+@functools.cache
+def mean(values: List[float]) -> float:
+    """The mean of the values."""
+    total = sum(values)
+    return total / len(values)
+
+
+def undocumented(values):
+    return values
+
+
+def only_a_docstring():
+    """Nothing after it."""
+
+
+def test_mean():
+    """A test, not library code."""
+    assert mean([1.0]) == 1.0
+
+
+class Box:
+    def method(self):
+        """A method, not a top-level function."""
+        return 2
+
+
+def too_long():
+    """Its body is longer than HumanEval's."""
+''' + "    x = 1\n" * 31
+
+
+def test_functions_trains_on_documented_functions_each_after_its_imports(prepared_run: Path, source_dir: Path,
+                                                                         tmp_path: Path, caplog) -> None:
+    from infill_engine.training.corpus import Document
+    from infill_engine.training.function_documents import function_documents, functions_to_train_on
+
+    documents = [Document("pkg/stats.py", FUNCTIONS_MODULE, "a"), Document("copy/stats.py", FUNCTIONS_MODULE, "b"),
+                 Document("pkg/broken.py", "def (:\n", "c"), Document("web/x.js", "/** doc */ function f() {}\n", "d")]
+    functions = function_documents(documents)
+    assert [d.path for d in functions] == ["pkg/stats.py::mean"]  # the copy's identical function is kept once
+    assert functions[0].text == (  # of the imports, only the name the function uses
+        "from typing import List\n\n\n@functools.cache\n"
+        "def mean(values: List[float]) -> float:\n    \"\"\"The mean of the values.\"\"\"\n"
+        "    total = sum(values)\n    return total / len(values)\n"
+    )
+    assert functions[0].split == "train"
+    with pytest.raises(ValueError, match=r"no top-level Python function .* in the 2 training files \(1 of them"):
+        functions_to_train_on(documents[2:])
+
+    run_dir = copy_run(prepared_run, tmp_path / "run")  # the test sources are standard-library modules
+    caplog.set_level(logging.INFO, logger="infill_engine.training")
+    assert train(tiny_config(run_dir, source_dir, functions=True, steps=1)).step == 1
+    assert re.search(r"training on [1-9]\d* documented functions cut from \d+ training files", caplog.text)
+    assert json.loads((run_dir / "run_config.json").read_text())["functions"] is True
 
 
 def test_line_share_sets_how_many_holes_are_lines(tokenizer, source_dir: Path, tmp_path: Path) -> None:

@@ -67,6 +67,10 @@ def add_arguments(train: argparse.ArgumentParser) -> None:
     train.add_argument("--line-share", type=float, metavar="P",
                        help="share of the holes that are a whole line or the rest of one, as ghost text and the "
                             "single-line benchmark ask (default: 0.5); the rest are blocks and token runs, 3 to 2")
+    train.add_argument("--functions", action="store_true",
+                       help="train on the corpus's documented top-level Python functions (a docstring and 1-30 "
+                            "lines of body), each after its module's imports, as HumanEval's problems are laid out, "
+                            "instead of on whole files; the held-out loss stays on every held-out file")
     train.add_argument("--autoregressive", action="store_true",
                        help="train the autoregressive twin instead: the same model class and tokenizer (plus FIM "
                             "sentinels), causal attention, prefix-suffix-middle sequences, next-token loss; compare "
@@ -142,6 +146,7 @@ def run(args: argparse.Namespace) -> int:
             autoregressive=args.autoregressive,
             extensions=args.extensions,
             line_share=args.line_share,
+            functions=args.functions,
             data_workers=args.data_workers,
         )
         result = train(config)

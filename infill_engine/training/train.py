@@ -36,6 +36,7 @@ from infill_engine.training.checkpoints import (
 from infill_engine.training.config import PRESETS, TrainConfig
 from infill_engine.training.corpus import Document
 from infill_engine.training.example_stream import ExampleStream
+from infill_engine.training.function_documents import functions_to_train_on
 from infill_engine.training.held_out import COMMIT_THRESHOLD, held_out_batches
 from infill_engine.training.loss_log import LOG_FILE, append_log, truncate_log
 from infill_engine.training.objective import SpanTokens, pad_batch
@@ -255,6 +256,8 @@ def train(config: TrainConfig) -> TrainResult:
     if config.extensions:
         logger.info("training on the %d of %d training files ending with %s", len(train_docs),
                     len(corpus.split("train")), " or ".join(config.extensions))
+    if config.functions:
+        train_docs = functions_to_train_on(train_docs)
     (run_dir / "run_config.json").write_text(
         json.dumps({k: str(v) if isinstance(v, Path) else v for k, v in asdict(config).items()}, indent=2,
                    default=str) + "\n", encoding="utf-8",
