@@ -650,10 +650,12 @@ def test_functions_trains_on_documented_functions_each_after_its_imports(prepare
     from infill_engine.training.corpus import Document
     from infill_engine.training.function_documents import function_documents, functions_to_train_on
 
-    documents = [Document("pkg/stats.py", FUNCTIONS_MODULE, "a"), Document("copy/stats.py", FUNCTIONS_MODULE, "b"),
+    windows_copy = FUNCTIONS_MODULE.replace("\n", "\r\n").replace("LIMIT = 3", "LIMIT = 3  # \x0c")
+    documents = [Document("pkg/stats.py", FUNCTIONS_MODULE, "a"), Document("copy/stats.py", windows_copy, "b"),
                  Document("pkg/broken.py", "def (:\n", "c"), Document("web/x.js", "/** doc */ function f() {}\n", "d")]
     functions = function_documents(documents)
-    assert [d.path for d in functions] == ["pkg/stats.py::mean"]  # the copy's identical function is kept once
+    # the copy's function (Windows line ends, a form feed above it) is the same text: kept once
+    assert [d.path for d in functions] == ["pkg/stats.py::mean"]
     assert functions[0].text == (  # of the imports, only the name the function uses
         "from typing import List\n\n\n@functools.cache\n"
         "def mean(values: List[float]) -> float:\n    \"\"\"The mean of the values.\"\"\"\n"

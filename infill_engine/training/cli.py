@@ -69,8 +69,9 @@ def add_arguments(train: argparse.ArgumentParser) -> None:
                             "single-line benchmark ask (default: 0.5); the rest are blocks and token runs, 3 to 2")
     train.add_argument("--functions", action="store_true",
                        help="train on the corpus's documented top-level Python functions (a docstring and 1-30 "
-                            "lines of body), each after its module's imports, as HumanEval's problems are laid out, "
-                            "instead of on whole files; the held-out loss stays on every held-out file")
+                            "lines of body; no test functions), each after the imports it uses, as HumanEval's "
+                            "problems are laid out, instead of on whole files; the held-out loss stays on every "
+                            "held-out file")
     train.add_argument("--autoregressive", action="store_true",
                        help="train the autoregressive twin instead: the same model class and tokenizer (plus FIM "
                             "sentinels), causal attention, prefix-suffix-middle sequences, next-token loss; compare "

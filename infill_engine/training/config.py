@@ -103,7 +103,7 @@ class TrainConfig:
     # share of holes that are a line or the rest of one (ObjectiveConfig.line_prob); the rest keeps the default
     # split between blocks and token runs (3 to 2). None: the objective's default (0.5)
     line_share: float | None = None
-    # train on the corpus's documented top-level Python functions, each after its module's imports, as HumanEval's
+    # train on the corpus's documented top-level Python functions, each after the imports it uses, as HumanEval's
     # problems are laid out (function_documents), instead of on whole files
     functions: bool = False
 

@@ -58,11 +58,13 @@ def function_documents(documents: Iterable[Document],
 
 def _documented_functions(document: Document, max_body_lines: int) -> Iterator[Document]:
     """The documented top-level functions of one Python file that are not tests, each after the imports it uses."""
+    # ast counts lines at \n, \r\n and \r only (str.splitlines also splits at form feeds and other separators)
+    source = document.text.replace("\r\n", "\n").replace("\r", "\n")
     try:
-        tree = ast.parse(document.text)
+        tree = ast.parse(source)
     except (SyntaxError, ValueError):  # not Python this interpreter reads (Python 2, templates, NUL bytes)
         return
-    lines = document.text.splitlines()
+    lines = source.split("\n")
     imports = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
     for node in tree.body:
         if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or ast.get_docstring(node) is None:
