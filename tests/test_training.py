@@ -646,8 +646,9 @@ def too_long():
 
 
 def test_functions_trains_on_documented_functions_each_after_its_imports(prepared_run: Path, source_dir: Path,
-                                                                         tmp_path: Path, caplog) -> None:
+                                                                         tmp_path: Path, tokenizer, caplog) -> None:
     from infill_engine.training.corpus import Document
+    from infill_engine.training.example_stream import ExampleStream
     from infill_engine.training.function_documents import function_documents, functions_to_train_on
 
     windows_copy = FUNCTIONS_MODULE.replace("\n", "\r\n").replace("LIMIT = 3", "LIMIT = 3  # \x0c")
@@ -664,12 +665,44 @@ def test_functions_trains_on_documented_functions_each_after_its_imports(prepare
     assert functions[0].split == "train"
     with pytest.raises(ValueError, match=r"no top-level Python function .* in the 2 training files \(1 of them"):
         functions_to_train_on(documents[2:])
+    assert functions_to_train_on(documents) == (functions, None)  # functions only: drawn by length, as files are
+    # a mixture: a quarter of the examples from the (short) function, the rest from the files, whatever the lengths
+    mixed, weights = functions_to_train_on(documents, share=0.25)
+    assert mixed == documents + functions
+    draws = ExampleStream(mixed, tokenizer, ObjectiveConfig(), seed=3, weights=weights)
+    drawn = [draws.draw_document().path for _ in range(4000)]
+    assert drawn.count("pkg/stats.py::mean") / len(drawn) == pytest.approx(0.25, abs=0.03)
+    files_length = sum(len(d.text) for d in documents)  # the files in proportion to their length
+    assert drawn.count("pkg/stats.py") / len(drawn) == pytest.approx(0.75 * len(FUNCTIONS_MODULE) / files_length,
+                                                                    abs=0.03)
+    for bad in (0, 1.5):
+        with pytest.raises(ValueError, match=r"share of function documents must be in \(0, 1\]"):
+            functions_to_train_on(documents, share=bad)
+    with pytest.raises(ValueError, match="give --functions too"):
+        TrainConfig(run_dir=tmp_path, function_share=0.5)
 
     run_dir = copy_run(prepared_run, tmp_path / "run")  # the test sources are standard-library modules
     caplog.set_level(logging.INFO, logger="infill_engine.training")
     assert train(tiny_config(run_dir, source_dir, functions=True, steps=1)).step == 1
     assert re.search(r"training on [1-9]\d* documented functions cut from \d+ training files", caplog.text)
     assert json.loads((run_dir / "run_config.json").read_text())["functions"] is True
+    mixed_run = copy_run(prepared_run, tmp_path / "mixed")
+    assert train(tiny_config(mixed_run, source_dir, functions=True, function_share=0.5, steps=1)).step == 1
+    assert re.search(r"documented functions cut from \d+ training files for 50% of the examples, on the files", caplog.text)
+
+
+def test_worker_processes_draw_documents_by_the_given_weights(tokenizer) -> None:
+    from infill_engine.training.batch_workers import worker_batches
+    from infill_engine.training.corpus import Document
+
+    alpha = "".join(f"alpha_{i} = alpha_{i - 1} + 1\n" for i in range(1, 40))
+    omega = "".join(f"omega_{i} = omega_{i - 1} * 2\n" for i in range(1, 40))
+    documents = [Document("a.py", alpha, "a"), Document("o.py", omega, "o")]
+    objective = ObjectiveConfig(seq_len=80, max_span_tokens=16)
+    batches = worker_batches(documents, tokenizer, objective, batch_size=4, seed=5, start_step=0, dense=True,
+                             workers=2, pin_memory=False, weights=[0.0, 1.0])
+    texts = [tokenizer.decode(row, skip_special_tokens=True) for _ in range(4) for row in next(batches)["input_ids"]]
+    assert len(texts) == 16 and all("omega" in text and "alpha" not in text for text in texts)
 
 
 def test_line_share_sets_how_many_holes_are_lines(tokenizer, source_dir: Path, tmp_path: Path) -> None:

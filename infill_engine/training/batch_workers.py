@@ -33,22 +33,23 @@ class _WorkerBatches(torch.utils.data.IterableDataset):
     """An endless stream of collated batches; each worker process draws from its own seeded `ExampleStream`."""
 
     def __init__(self, documents: list[Document], tokenizer: Any, objective: ObjectiveConfig, batch_size: int,
-                 seed: int, start_step: int, dense: bool) -> None:
+                 seed: int, start_step: int, dense: bool, weights: list[float] | None) -> None:
         self.documents, self.tokenizer, self.objective = documents, tokenizer, objective
         self.batch_size, self.seed, self.start_step, self.dense = batch_size, seed, start_step, dense
+        self.weights = weights
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         info = torch.utils.data.get_worker_info()
         worker = 0 if info is None else info.id
         stream = ExampleStream(self.documents, self.tokenizer, self.objective,
-                               worker_seed(self.seed, self.start_step, worker), self.dense)
+                               worker_seed(self.seed, self.start_step, worker), self.dense, weights=self.weights)
         while True:
             yield stream.batch(self.batch_size)
 
 
 def worker_batches(
     documents: list[Document], tokenizer: Any, objective: ObjectiveConfig, batch_size: int, seed: int,
-    start_step: int, dense: bool, workers: int, pin_memory: bool,
+    start_step: int, dense: bool, workers: int, pin_memory: bool, weights: list[float] | None = None,
 ) -> Iterator[dict[str, torch.Tensor]]:
     """Endless collated batches from `workers` processes (forked where the platform allows: no corpus copying)."""
     if workers < 1:
@@ -56,7 +57,7 @@ def worker_batches(
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # each worker tokenizes on its own core
     fork = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
     loader = torch.utils.data.DataLoader(
-        _WorkerBatches(documents, tokenizer, objective, batch_size, seed, start_step, dense),
+        _WorkerBatches(documents, tokenizer, objective, batch_size, seed, start_step, dense, weights),
         batch_size=None,  # the dataset yields whole batches
         num_workers=workers,
         prefetch_factor=PREFETCH_BATCHES,

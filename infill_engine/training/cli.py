@@ -72,6 +72,10 @@ def add_arguments(train: argparse.ArgumentParser) -> None:
                             "lines of body; no test functions), each after the imports it uses, as HumanEval's "
                             "problems are laid out, instead of on whole files; the held-out loss stays on every "
                             "held-out file")
+    train.add_argument("--function-share", type=float, default=1.0, metavar="P",
+                       help="with --functions: draw P of the examples from the function documents and the rest "
+                            "from the whole files, each in proportion to length, so that the rest of the corpus is "
+                            "not forgotten (default: 1, functions only)")
     train.add_argument("--autoregressive", action="store_true",
                        help="train the autoregressive twin instead: the same model class and tokenizer (plus FIM "
                             "sentinels), causal attention, prefix-suffix-middle sequences, next-token loss; compare "
@@ -148,6 +152,7 @@ def run(args: argparse.Namespace) -> int:
             extensions=args.extensions,
             line_share=args.line_share,
             functions=args.functions,
+            function_share=args.function_share,
             data_workers=args.data_workers,
         )
         result = train(config)

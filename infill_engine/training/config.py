@@ -106,6 +106,8 @@ class TrainConfig:
     # train on the corpus's documented top-level Python functions, each after the imports it uses, as HumanEval's
     # problems are laid out (function_documents), instead of on whole files
     functions: bool = False
+    # with functions: the share of the examples drawn from the function documents; the whole files give the rest
+    function_share: float = 1.0
 
     def __post_init__(self) -> None:
         if self.preset not in PRESETS:
@@ -142,6 +144,10 @@ class TrainConfig:
             raise ValueError(f"line share must be a number in [0, 1] (got {self.line_share!r})")
         if self.autoregressive and self.line_share is not None:
             raise ValueError("--line-share is the diffusion objective's; the twin (--autoregressive) takes none")
+        if not (isinstance(self.function_share, (int, float)) and 0 < self.function_share <= 1):
+            raise ValueError(f"function share must be a number in (0, 1] (got {self.function_share!r})")
+        if self.function_share != 1 and not self.functions:
+            raise ValueError("--function-share is the share of --functions' documents: give --functions too")
         if self.precision not in PRECISIONS:
             raise ValueError(f"unknown precision {self.precision!r}; allowed: {', '.join(PRECISIONS)}")
         if self.compile not in COMPILES:

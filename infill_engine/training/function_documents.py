@@ -27,16 +27,31 @@ logger = logging.getLogger(__name__)
 DEFAULT_MAX_BODY_LINES = 30  # HumanEval's canonical bodies are 1 to 30 lines long, most under 12
 
 
-def functions_to_train_on(documents: list[Document]) -> list[Document]:
-    """`function_documents` of a run's training files; a ValueError saying what there was when none qualifies."""
+def functions_to_train_on(documents: list[Document],
+                          share: float = 1.0) -> tuple[list[Document], list[float] | None]:
+    """The documents and draw weights of a `--functions` run: the training files' `function_documents`, drawn for
+    `share` of the examples (the files themselves for the rest, each pool in proportion to length); a ValueError
+    saying what there was when no function qualifies."""
+    if not 0 < share <= 1:
+        raise ValueError(f"the share of function documents must be in (0, 1] (got {share!r})")
     functions = function_documents(documents)
     if not functions:
         python = sum(d.path.endswith(".py") for d in documents)
         raise ValueError(f"--functions found no top-level Python function with a docstring and 1 to "
                          f"{DEFAULT_MAX_BODY_LINES} lines of body in the {len(documents)} training files "
                          f"({python} of them Python)")
-    logger.info("training on %d documented functions cut from %d training files", len(functions), len(documents))
-    return functions
+    if share == 1:
+        logger.info("training on %d documented functions cut from %d training files", len(functions), len(documents))
+        return functions, None
+    logger.info("training on %d documented functions cut from %d training files for %.0f%% of the examples, on the "
+                "files themselves for the rest", len(functions), len(documents), 100 * share)
+    return documents + functions, _pool_weights(documents, 1 - share) + _pool_weights(functions, share)
+
+
+def _pool_weights(documents: list[Document], share: float) -> list[float]:
+    """Draw weights in proportion to length, summing to `share`."""
+    total = sum(len(d.text) for d in documents) or 1
+    return [share * len(d.text) / total for d in documents]
 
 
 def function_documents(documents: Iterable[Document],

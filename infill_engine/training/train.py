@@ -34,7 +34,6 @@ from infill_engine.training.checkpoints import (
     usable_checkpoint,
 )
 from infill_engine.training.config import PRESETS, TrainConfig
-from infill_engine.training.corpus import Document
 from infill_engine.training.example_stream import ExampleStream
 from infill_engine.training.function_documents import functions_to_train_on
 from infill_engine.training.held_out import COMMIT_THRESHOLD, held_out_batches
@@ -256,14 +255,16 @@ def train(config: TrainConfig) -> TrainResult:
     if config.extensions:
         logger.info("training on the %d of %d training files ending with %s", len(train_docs),
                     len(corpus.split("train")), " or ".join(config.extensions))
+    weights = None
     if config.functions:
-        train_docs = functions_to_train_on(train_docs)
+        train_docs, weights = functions_to_train_on(train_docs, config.function_share)
     (run_dir / "run_config.json").write_text(
         json.dumps({k: str(v) if isinstance(v, Path) else v for k, v in asdict(config).items()}, indent=2,
                    default=str) + "\n", encoding="utf-8",
     )
 
-    stream = ExampleStream(train_docs, tokenizer, config.objective, config.seed, config.dense, config.autoregressive)
+    stream = ExampleStream(train_docs, tokenizer, config.objective, config.seed, config.dense, config.autoregressive,
+                           weights)
     # held-out windows are laid out as served (one hole), whatever the training layout, so runs compare on one scale
     eval_batches = held_out_batches(eval_docs, tokenizer, config.objective, config.seed, config.batch_size,
                                     config.eval_batches, config.autoregressive)
@@ -316,22 +317,21 @@ def train(config: TrainConfig) -> TrainResult:
     if state.step >= config.steps:
         logger.info("%s is already at step %d of %d", run_dir, state.step, config.steps)
         return TrainResult(state.step, "already_done", checkpoint, state.eval_loss, None)
-    batches = _batches(config, stream, train_docs, tokenizer, state.step, device)
+    batches = _batches(config, stream, tokenizer, state.step, device)
     return _loop(config, model, tokenizer, optimizer, scheduler, stream, batches, eval_batches, state, device,
                  started)
 
 
 def _batches(
-    config: TrainConfig, stream: ExampleStream, documents: list[Document], tokenizer: Any, start_step: int,
-    device: torch.device,
+    config: TrainConfig, stream: ExampleStream, tokenizer: Any, start_step: int, device: torch.device,
 ) -> Iterator[dict[str, torch.Tensor]]:
     """The training batches: drawn from `stream` in this process, or built by `config.data_workers` processes."""
     if config.data_workers == 0:
         return iter(lambda: stream.batch(config.batch_size), None)
     from infill_engine.training.batch_workers import worker_batches
 
-    return worker_batches(documents, tokenizer, config.objective, config.batch_size, config.seed, start_step,
-                          config.dense, config.data_workers, pin_memory=device.type == "cuda")
+    return worker_batches(stream.documents, tokenizer, config.objective, config.batch_size, config.seed, start_step,
+                          config.dense, config.data_workers, pin_memory=device.type == "cuda", weights=stream.weights)
 
 
 def train_step(
