@@ -203,6 +203,13 @@ def settle_ends(denoiser: Denoiser, state: CanvasState) -> None:
 # -------------------------------------------------------------------------------------------------- the rules
 
 
+def said_twice(state: CanvasState, prediction: Prediction, free: torch.Tensor, floor: float) -> torch.Tensor:
+    """Free positions (B, N) whose drawn token is the argmax of this pass and of the pass before, with probability
+    >= `floor` (a position still holding its first noise token, which `state.argmax` starts as, never counts)."""
+    again = (prediction.argmax == state.argmax) & (prediction.drawn == prediction.argmax)
+    return free & again & (state.argmax != state.tokens) & (prediction.argmax_probs >= floor)
+
+
 def take_best(scores: torch.Tensor, free: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
     """The `want` (B,) highest-scoring free positions (B, N) of each row."""
     masked_scores = torch.where(free, scores, torch.full_like(scores, -1.0))
@@ -252,6 +259,7 @@ class KeepCommitted:
     tail_floor: float | None = None  # settle an end-of-span tail at once (see `settle_tail`); None: off
     tail_first: bool = False  # settle the tail before the quota, so the quota's positions are the ones before it
     min_commits: int = 1  # the surest positions a step commits at the least (threshold and schedule alike)
+    stable_floor: float = 0.0  # commit a position whose argmax held since the pass before at this probability; 0 = off
 
     @property
     def keeps_committed(self) -> bool:
@@ -264,6 +272,8 @@ class KeepCommitted:
             settle_tail(self.denoiser, state, prediction, active, self.tail_floor)
         free = active & ~state.committed & ~state.frozen  # (B, N)
         chosen = self.quota(prediction.scores, free, self.threshold, steps_left, self.min_commits)  # (B, N)
+        if self.stable_floor > 0:
+            chosen |= said_twice(state, prediction, free, self.stable_floor)
         state.tokens = torch.where(chosen, prediction.drawn, state.tokens)
         state.probs = torch.where(chosen, prediction.drawn_probs, state.probs)
         state.committed |= chosen
@@ -351,10 +361,11 @@ def commit_rule(
     tail_floor: float | None = None,
     tail_first: bool = False,
     min_commits: int = 1,
+    stable_floor: float = 0.0,
 ) -> CommitRule:
     """The rule named by `SamplerConfig.commit`: "threshold", "schedule" or "entropy_bound"."""
     if commit == "entropy_bound":
         return EntropyBound(denoiser, generator, entropy_bound)
     quota = by_schedule if commit == "schedule" else by_threshold
     return KeepCommitted(denoiser, generator, quota, threshold, revise_below, stop_at_line_break, tail_floor,
-                         tail_first, min_commits)
+                         tail_first, min_commits, stable_floor)

@@ -34,6 +34,9 @@ class SamplerConfig:
             in Fast-dLLM. Fills that must write something (`end_after_content`) and refines always use 1: there the
             forced positions would be content the model is not sure of (the loop sees to it).
         entropy_bound: commit="entropy_bound": the bound on the summed entropy of accepted positions (nats).
+        stable_floor: commit="threshold"/"schedule": a free position whose argmax is the same token as at the pass
+            before, with probability >= this, is committed too (the model has said it twice, the second time
+            after the canvas changed around it); 0 turns it off.
         revise_below: self-correction: a committed token whose probability falls below this, while the model now
             prefers another token, is re-noised and decided again. 0 turns it off.
         stability_steps: early stop when the argmax canvas is unchanged for this many steps ...
@@ -88,6 +91,7 @@ class SamplerConfig:
     threshold: float = 0.9
     min_commits: int = 1
     entropy_bound: float = 0.1
+    stable_floor: float = 0.0
     revise_below: float = 0.0
     stability_steps: int = 1
     confidence_threshold: float = 0.005
@@ -128,6 +132,8 @@ class SamplerConfig:
             problems.append(f"tail_floor must be within 0..1 (got {self.tail_floor!r})")
         if not math.isfinite(self.end_bias):
             problems.append(f"end_bias must be a finite number of nats (got {self.end_bias!r})")
+        if not 0.0 <= self.stable_floor <= 1.0:
+            problems.append(f"stable_floor must be within 0..1, 0 for off (got {self.stable_floor!r})")
         if not 0.0 <= self.revise_below < 1.0:
             problems.append(f"revise_below must be within 0..1 (got {self.revise_below!r})")
         if not isinstance(self.min_commits, int) or isinstance(self.min_commits, bool) or self.min_commits < 1:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
@@ -141,6 +142,43 @@ def test_revision_re_decides_a_committed_token_whose_confidence_fell(tokenizer, 
     denoiser = FlipDenoiser(tokenizer, ["axyz"], margin=14.0)
     span = denoise_span(denoiser, [], [], 4, replace(GREEDY, revise_below=revise_below))
     assert tokenizer.decode(span.tokens[0, :1].tolist()) == expected
+
+
+def margin_for(denoiser, probability: float) -> float:
+    """The logit margin at which a ScriptedDenoiser's target token has this probability."""
+    return math.log(probability * (denoiser.vocab_size - 1) / (1 - probability))
+
+
+class AlternatingDenoiser(ScriptedDenoiser):
+    """ScriptedDenoiser, but position 0 predicts 'x' and 'y' by turns, less surely than the other positions."""
+
+    def predict(self, context, canvas, self_conditioning=None):
+        logits = super().predict(context, canvas, self_conditioning)
+        x, y = self.tokenizer.convert_tokens_to_ids(["x", "y"])
+        logits[:, 0] = 0.0
+        logits[:, 0, x if self.calls % 2 else y] = self.margin - 0.5
+        return logits
+
+
+@pytest.mark.parametrize("floor, at_once", [(0.0, False), (0.5, True), (0.7, False)])
+def test_stable_floor_commits_at_once_what_the_model_said_twice_surely_enough(tokenizer, floor, at_once):
+    """p = 0.6 everywhere: one commit a pass, or, from the second pass, every position whose argmax held."""
+    denoiser = ScriptedDenoiser(tokenizer, ["return a + b"], margin=12.0)
+    denoiser.margin = margin_for(denoiser, 0.6)
+    length = len(tokenizer("return a + b", add_special_tokens=False)["input_ids"])
+    config = replace(GREEDY, settle_tail=False, stable_floor=floor)
+    counts, span = committed_counts(denoiser, config, length)
+    assert len(counts) == (2 if at_once else length) and counts[-1] == [length]
+    assert text_of(tokenizer, denoiser, span.tokens[0]) == "return a + b"
+
+
+def test_stable_floor_never_commits_a_position_whose_argmax_changed(tokenizer):
+    denoiser = AlternatingDenoiser(tokenizer, ["q" * 8], margin=12.0)
+    denoiser.margin = margin_for(denoiser, 0.6)
+    counts, span = committed_counts(denoiser, replace(GREEDY, settle_tail=False, stable_floor=0.3), 6)
+    assert [c[0] for c in counts] == [1, 5, 6]  # position 0 waits for the pass whose one commit is its own
+    with pytest.raises(ValueError, match="stable_floor must be within 0..1"):
+        SamplerConfig(stable_floor=1.5)
 
 
 def test_early_stop_when_the_canvas_is_stable_and_confident(tokenizer):
