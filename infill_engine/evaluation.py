@@ -181,6 +181,35 @@ def load_problems(path: str | os.PathLike[str], limit: int | None = None) -> lis
     return problems
 
 
+def line_spans(problems: list[Problem], lines: int) -> list[Problem]:
+    """Holes of `lines` consecutive lines, derived from single-line problems (task ids ending in /L<line>): for each
+    run of that many of one task's holes, the first's prompt, the last's suffix, and all between them (blank lines
+    included) as the middle; ValueError where the ids or the programs do not allow it."""
+    if lines < 1:
+        raise ValueError(f"a hole spans at least 1 line (got {lines})")
+    if lines == 1:
+        return problems
+    tasks: dict[str, list[tuple[int, Problem]]] = {}
+    for problem in problems:
+        task, _, line = problem.task_id.rpartition("/L")
+        if not task or not line.isdigit():
+            raise ValueError(f"holes of several lines are derived from single-line problems whose ids end in "
+                             f"/L<line>, as HumanEval-infilling's do (got {problem.task_id!r})")
+        tasks.setdefault(task, []).append((int(line), problem))
+    spans = []
+    for task, holes in tasks.items():
+        holes.sort(key=lambda hole: hole[0])
+        for (first_line, first), (last_line, last) in zip(holes, holes[lines - 1 :]):
+            program = first.prompt + first.canonical_solution + first.suffix
+            middle = program[len(first.prompt) : len(program) - len(last.suffix)]
+            if not (program.endswith(last.suffix) and middle.startswith(first.canonical_solution)
+                    and middle.endswith(last.canonical_solution)):
+                raise ValueError(f"{first.task_id} and {last.task_id} are not holes of one program")
+            spans.append(replace(first, task_id=f"{task}/L{first_line}_L{last_line}", suffix=last.suffix,
+                                 canonical_solution=middle))
+    return spans
+
+
 def spread_sample(problems: list[Problem], count: int) -> list[Problem]:
     """`count` problems spread evenly over the list (each of HumanEval's tasks has its lines in a row), in order."""
     if count < 1:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import gzip
+from dataclasses import replace
 import json
 
 import pytest
 
 from diffill.cli import main
-from infill_engine.evaluation import Problem, load_problems, run_test
+from infill_engine.evaluation import Problem, line_spans, load_problems, run_test
 
 PROBLEMS = [
     {
@@ -168,6 +169,53 @@ def test_a_sample_spreads_over_the_whole_file(capsys, tmp_path, model_dirs):
     assert main(["eval", "humaneval-infill", "--data", str(many), "--model", str(model_dirs["diffill"]),
                  "--sample", "0"]) == 2
     assert "at least 1 problem" in capsys.readouterr().err
+
+
+SUM_PROGRAM = ["def total(xs):\n", "    s = 0\n", "    for x in xs:\n", "\n", "        s += x\n", "    return s\n"]
+
+
+def single_line_holes(program: list[str], task: str = "Toy/9") -> list[Problem]:
+    """One single-line problem for each non-blank body line of `program`, as HumanEval-infilling lays them out."""
+    test = "def check(candidate):\n    assert candidate([1, 2, 3]) == 6\n"
+    return [Problem(f"{task}/L{i - 1}", "".join(program[:i]), "".join(program[i + 1 :]), program[i], test, "total")
+            for i in range(1, len(program)) if program[i].strip()]
+
+
+def test_holes_of_several_lines_are_derived_from_the_single_line_ones():
+    spans = line_spans(single_line_holes(SUM_PROGRAM), 2)
+    assert [p.task_id for p in spans] == ["Toy/9/L0_L1", "Toy/9/L1_L3", "Toy/9/L3_L4"]
+    assert spans[1].canonical_solution == "    for x in xs:\n\n        s += x\n"  # the blank line between is in it
+    assert all(p.prompt + p.canonical_solution + p.suffix == "".join(SUM_PROGRAM) for p in spans)
+    assert all(run_test(p, p.canonical_solution) for p in spans)
+    assert not run_test(spans[0], "    s = 1\n    for x in xs:\n")
+    assert len(line_spans(single_line_holes(SUM_PROGRAM), 4)) == 1
+    assert line_spans(single_line_holes(SUM_PROGRAM), 5) == []
+
+
+def test_holes_of_several_lines_need_single_line_ids_and_one_program():
+    with pytest.raises(ValueError, match="ids end in /L<line>"):
+        line_spans([Problem("Toy/x", "a", "", "b", "", "f")], 2)
+    other = single_line_holes(["def total(xs):\n", "    return sum(xs)\n", "    pass\n"])
+    with pytest.raises(ValueError, match="not holes of one program"):
+        line_spans(single_line_holes(SUM_PROGRAM)[:1] + [replace(other[1], task_id="Toy/9/L1")], 2)
+    with pytest.raises(ValueError, match="at least 1 line"):
+        line_spans(single_line_holes(SUM_PROGRAM), 0)
+
+
+def test_eval_scores_holes_of_several_lines_on_a_canvas_sized_for_them(capsys, tmp_path, model_dirs):
+    data = tmp_path / "lines.jsonl"
+    data.write_text("".join(json.dumps(p.__dict__) + "\n" for p in single_line_holes(SUM_PROGRAM)))
+    out = tmp_path / "o.json"
+    code = main(["eval", "humaneval-infill", "--data", str(data), "--model", str(model_dirs["diffill"]), "--json",
+                 "--span-lines", "2", "--protocol", "unknown", "--limit", "2", "--out", str(out)])
+    assert code == 0
+    assert json.loads(capsys.readouterr().out)["span_lines"] == 2
+    outcomes = json.loads(out.read_text())["outcomes"]["unknown"]
+    assert [o["task_id"] for o in outcomes] == ["Toy/9/L0_L1", "Toy/9/L1_L3"]
+    assert all(o["positions"] == 64 for o in outcomes)  # 32 positions a line
+    bad = main(["eval", "humaneval-infill", "--data", str(data), "--model", str(model_dirs["diffill"]),
+                "--span-lines", "0"])
+    assert bad == 2 and "at least 1 line" in capsys.readouterr().err
 
 
 def test_bench_ghost_fills_each_hole_as_single_line_ghost_text(capsys, bench_file, model_dirs):

@@ -1,4 +1,5 @@
-"""`diffill eval humaneval-infill`: pass@1, exact match and syntax-valid rate on HumanEval single-line infilling."""
+"""`diffill eval humaneval-infill`: pass@1, exact match and syntax-valid rate on HumanEval infilling (single lines, or
+holes of several lines derived from them)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,12 @@ def add_arguments(evaluation: argparse.ArgumentParser) -> None:
                            help="N problems spread evenly over the file, so every part of it is represented")
     humaneval.add_argument("--protocol", choices=["both", "unknown", "oracle"], default="both",
                            help="span length unknown (the engine decides), oracle (the true length), or both")
-    humaneval.add_argument("--max-tokens", type=int, default=48, help="canvas positions, unknown length (default 48)")
+    humaneval.add_argument("--span-lines", type=int, default=1, metavar="N",
+                           help="holes of N consecutive lines, each derived from N single-line problems of one task "
+                                "(the first's prefix, the last's suffix; 2: 869 holes, 3: 742), before --limit and "
+                                "--sample (default: 1, the file's own)")
+    humaneval.add_argument("--max-tokens", type=int,
+                           help="canvas positions, unknown length (default: 48 for one line, 32 per line for more)")
     add_fill_options(humaneval, effect="; the scores then depend on the machine's speed")
     humaneval.add_argument("--candidates", type=int, default=1, metavar="K",
                            help="candidates per fill, denoised together and ranked as the language server ranks "
@@ -43,12 +49,13 @@ def run(args: argparse.Namespace) -> int:
 
     from infill_engine.atomic import write_text_atomic
     from infill_engine.evaluation import DEFAULT_BENCH, PROTOCOLS, compare_outcomes, evaluate, load_problems
-    from infill_engine.evaluation import read_outcomes, spread_sample
+    from infill_engine.evaluation import line_spans, read_outcomes, spread_sample
     from infill_engine.request import InfillRequest
     from infill_engine.sampler import sampler_variant
 
     try:
-        problems = load_problems(args.data or DEFAULT_BENCH, args.limit)
+        problems = load_problems(args.data or DEFAULT_BENCH, args.limit if args.span_lines == 1 else None)
+        problems = line_spans(problems, args.span_lines)[: args.limit]
         if args.sample is not None:
             problems = spread_sample(problems, args.sample)
         check_fill_options(args)
@@ -70,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
         if sys.stderr.isatty() or done == total or done % 100 == 0:
             print(f"\r{protocol}: {done}/{total}", end="\n" if done == total else "", file=sys.stderr, flush=True)
 
-    reports = evaluate(engine, problems, protocols, max_tokens=args.max_tokens, workers=args.workers,
+    max_tokens = args.max_tokens if args.max_tokens is not None else 48 if args.span_lines == 1 else 32 * args.span_lines
+    reports = evaluate(engine, problems, protocols, max_tokens=max_tokens, workers=args.workers,
                        progress=progress, budget_ms=args.budget_ms, candidates=args.candidates)
     summaries = [report.summary() for report in reports]
     if args.out:
@@ -81,13 +89,15 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         against = {} if earlier is None else {"against": {"file": args.against,
                                                           "protocols": [c.summary() for c in comparisons]}}
-        print(json.dumps({"model": model.path, "variant": args.variant or "", "budget_ms": args.budget_ms,
+        print(json.dumps({"model": model.path, "span_lines": args.span_lines, "variant": args.variant or "",
+                          "budget_ms": args.budget_ms,
                           "candidates": args.candidates, "summary": summaries, **against}, indent=2))
         return 0
     variant = f"; sampler {args.variant}" if args.variant else ""
     budget = f"; budget {args.budget_ms} ms a fill" if args.budget_ms is not None else ""
     ranked = f"; the first of {args.candidates} candidates" if args.candidates > 1 else ""
-    print(f"model: {model.path} ({model.family}); {len(problems)} problems{variant}{budget}{ranked}")
+    spans = f" of {args.span_lines} lines" if args.span_lines > 1 else ""
+    print(f"model: {model.path} ({model.family}); {len(problems)} problems{spans}{variant}{budget}{ranked}")
     print(f"{'protocol':<9} {'pass@1':>7} {'exact':>7} {'syntax':>7} {'tok/fwd':>8} {'canvas/fwd':>10} "
           f"{'ms/problem':>11} {'blank':>6}")
     for row in summaries:
