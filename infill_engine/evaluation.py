@@ -203,7 +203,8 @@ def line_spans(problems: list[Problem], lines: int) -> list[Problem]:
             program = first.prompt + first.canonical_solution + first.suffix
             middle = program[len(first.prompt) : len(program) - len(last.suffix)]
             if not (program.endswith(last.suffix) and middle.startswith(first.canonical_solution)
-                    and middle.endswith(last.canonical_solution)):
+                    and middle.endswith(last.canonical_solution)
+                    and len(middle) >= len(first.canonical_solution) + len(last.canonical_solution)):
                 raise ValueError(f"{first.task_id} and {last.task_id} are not holes of one program")
             spans.append(replace(first, task_id=f"{task}/L{first_line}_L{last_line}", suffix=last.suffix,
                                  canonical_solution=middle))

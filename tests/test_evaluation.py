@@ -198,6 +198,9 @@ def test_holes_of_several_lines_need_single_line_ids_and_one_program():
     other = single_line_holes(["def total(xs):\n", "    return sum(xs)\n", "    pass\n"])
     with pytest.raises(ValueError, match="not holes of one program"):
         line_spans(single_line_holes(SUM_PROGRAM)[:1] + [replace(other[1], task_id="Toy/9/L1")], 2)
+    twice = single_line_holes(SUM_PROGRAM)[:2]
+    with pytest.raises(ValueError, match="not holes of one program"):  # one line twice is no hole of two
+        line_spans([twice[1], replace(twice[1], task_id="Toy/9/L2")], 2)
     with pytest.raises(ValueError, match="at least 1 line"):
         line_spans(single_line_holes(SUM_PROGRAM), 0)
 
@@ -216,6 +219,8 @@ def test_eval_scores_holes_of_several_lines_on_a_canvas_sized_for_them(capsys, t
     bad = main(["eval", "humaneval-infill", "--data", str(data), "--model", str(model_dirs["diffill"]),
                 "--span-lines", "0"])
     assert bad == 2 and "at least 1 line" in capsys.readouterr().err
+    assert main(["eval", "humaneval-infill", "--data", str(data), "--limit", "0"]) == 2
+    assert "--limit takes a number of problems >= 1" in capsys.readouterr().err
 
 
 def test_bench_ghost_fills_each_hole_as_single_line_ghost_text(capsys, bench_file, model_dirs):

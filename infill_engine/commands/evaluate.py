@@ -54,6 +54,8 @@ def run(args: argparse.Namespace) -> int:
     from infill_engine.sampler import sampler_variant
 
     try:
+        if args.limit is not None and args.limit < 1:
+            raise ValueError(f"--limit takes a number of problems >= 1 (got {args.limit})")
         problems = load_problems(args.data or DEFAULT_BENCH, args.limit if args.span_lines == 1 else None)
         problems = line_spans(problems, args.span_lines)[: args.limit]
         if args.sample is not None:
