@@ -58,6 +58,7 @@ class Outcome:
     positions: int = 0  # canvas positions
     ms: float = 0.0
     candidates: int = 1  # canvases denoised together; the completion is the first as the engine ranks them
+    lines_right: bool = False  # the completion has as many lines with text as the hidden middle
 
 
 @dataclass
@@ -82,6 +83,7 @@ class Report:
             "canvas_positions_per_forward": round(sum(o.positions for o in self.outcomes) / passes, 3),
             "ms_per_problem": round(statistics.mean(o.ms for o in self.outcomes), 1) if self.outcomes else 0.0,
             "blank_fills": sum(not o.completion.strip() for o in self.outcomes),  # no suggestion for the user
+            "right_line_count": round(100 * sum(o.lines_right for o in self.outcomes) / count, 2),
         }
 
 
@@ -179,6 +181,11 @@ def load_problems(path: str | os.PathLike[str], limit: int | None = None) -> lis
             if limit is not None and len(problems) >= limit:
                 break
     return problems
+
+
+def text_lines(text: str) -> int:
+    """How many lines of `text` hold more than whitespace."""
+    return sum(1 for line in text.split("\n") if line.strip())
 
 
 def line_spans(problems: list[Problem], lines: int) -> list[Problem]:
@@ -329,6 +336,7 @@ def evaluate(
                 positions=result.stats.canvas_positions,
                 ms=result.stats.ms.get("total", 0.0),
                 candidates=result.stats.candidates,
+                lines_right=text_lines(completion) == text_lines(problem.canonical_solution),
             ))
             if progress is not None:
                 progress(protocol, len(report.outcomes), len(problems))

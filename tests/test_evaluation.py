@@ -58,6 +58,9 @@ def test_eval_prints_both_protocols(capsys, bench_file, model_dirs, tmp_path):
     assert len(details["outcomes"]["oracle"]) == 2
     for row in summary:  # fills that are only whitespace: no suggestion for the user
         assert row["blank_fills"] == sum(not o["completion"].strip() for o in details["outcomes"][row["protocol"]])
+        one_line = [o["completion"].strip() != "" and "\n" not in o["completion"].strip()
+                    for o in details["outcomes"][row["protocol"]]]  # every toy middle is one line of text
+        assert row["right_line_count"] == 100 * sum(one_line) / 2
 
 
 def test_a_run_against_an_earlier_one_counts_gains_losses_and_chance(capsys, bench_file, model_dirs, tmp_path):
@@ -216,6 +219,8 @@ def test_eval_scores_holes_of_several_lines_on_a_canvas_sized_for_them(capsys, t
     outcomes = json.loads(out.read_text())["outcomes"]["unknown"]
     assert [o["task_id"] for o in outcomes] == ["Toy/9/L0_L1", "Toy/9/L1_L3"]
     assert all(o["positions"] == 64 for o in outcomes)  # 32 positions a line
+    for o in outcomes:  # both middles hold two lines of text
+        assert o["lines_right"] == (sum(1 for line in o["completion"].split("\n") if line.strip()) == 2)
     bad = main(["eval", "humaneval-infill", "--data", str(data), "--model", str(model_dirs["diffill"]),
                 "--span-lines", "0"])
     assert bad == 2 and "at least 1 line" in capsys.readouterr().err
