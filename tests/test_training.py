@@ -772,11 +772,19 @@ def test_a_model_grown_deeper_gives_the_same_logits_and_its_new_blocks_train(tmp
     for index in (1, 3):
         assert not deep.layers[index].attn.o_proj.weight.any() and not deep.layers[index].mlp.down_proj.weight.any()
         assert after.layers[index].attn.o_proj.weight.any() and after.layers[index].mlp.down_proj.weight.any()
-    # a depth that is not a whole multiple is refused before anything is written
+    # a depth that is not a whole multiple copies some blocks only (here the second), with the same logits
+    assert depth_growth.main([str(trained), str(tmp_path / "odd"), "--depth", "3"]) == 0
+    odd = DiffillForInfilling.from_pretrained(tmp_path / "odd").eval()
+    assert odd.config.num_hidden_layers == 3 and not odd.layers[2].mlp.down_proj.weight.any()
+    assert odd.layers[1].mlp.down_proj.weight.any()
+    with torch.no_grad():
+        assert torch.allclose(shallow(ids, canvas_mask=canvas).logits, odd(ids, canvas_mask=canvas).logits, atol=1e-6)
+    # a depth no deeper than the model's is refused before anything is written
+    capsys.readouterr()
     with pytest.raises(SystemExit) as refused:
-        depth_growth.main([str(trained), str(tmp_path / "odd"), "--depth", "3"])
-    assert refused.value.code == 2 and "multiple of the model's 2 blocks" in capsys.readouterr().err
-    assert not (tmp_path / "odd").exists()
+        depth_growth.main([str(trained), str(tmp_path / "same"), "--depth", "2"])
+    assert refused.value.code == 2 and "more than the model's 2 blocks" in capsys.readouterr().err
+    assert not (tmp_path / "same").exists()
 
 
 # ------------------------------------------------------------------------------------------------- dense supervision

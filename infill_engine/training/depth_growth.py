@@ -2,8 +2,9 @@
 
     python -m infill_engine.training.depth_growth MODEL OUT --depth 12
 
-Each of the model's blocks is followed by copies of itself whose two output projections (attention's `o_proj`, the
-MLP's `down_proj`) are zero, as LLaMA Pro expands a model's blocks: a copy adds nothing to the residual stream, so
+Blocks are followed by copies of themselves whose two output projections (attention's `o_proj`, the MLP's
+`down_proj`) are zero, as LLaMA Pro expands a model's blocks, the copies spread evenly over the depth (12 blocks grown
+to 18 copy every second block, to 24 every block): a copy adds nothing to the residual stream, so
 the deeper model's logits are the shallower one's, and training (`diffill train --init-from OUT`) grows the copies
 from there instead of from a new model's random start. The zero projections take gradients at once (their inputs
 are the copies' non-zero attention and MLP activations); the rest of a copy follows as soon as they move.
@@ -25,20 +26,26 @@ from infill_engine.diffill_model import DiffillForInfilling
 from infill_engine.training.export import write_model_directory
 
 
+def copies_after_each_block(blocks: int, depth: int) -> list[int]:
+    """How many zero-output copies follow each of `blocks` blocks to make `depth`: spread evenly, later blocks first
+    (12 to 18: one after every second block, starting with the second). ValueError unless blocks < depth."""
+    if depth <= blocks:
+        raise ValueError(f"--depth must be more than the model's {blocks} blocks (got {depth})")
+    added = depth - blocks
+    return [(index + 1) * added // blocks - index * added // blocks for index in range(blocks)]
+
+
 def grow_depth(model: DiffillForInfilling, depth: int) -> DiffillForInfilling:
-    """A copy of `model` with `depth` blocks (a multiple of its own): each block followed by copies of it whose output
-    projections are zero, so that the logits are `model`'s own. ValueError for any other depth."""
-    blocks = len(model.layers)
-    if depth <= blocks or depth % blocks:
-        raise ValueError(f"--depth must be a multiple of the model's {blocks} blocks and more than {blocks} "
-                         f"(got {depth})")
+    """A copy of `model` with `depth` blocks: blocks followed by copies of themselves whose output projections are
+    zero (`copies_after_each_block`), so that the logits are `model`'s own. ValueError unless `depth` is deeper."""
+    copies = copies_after_each_block(len(model.layers), depth)
     config = copy.deepcopy(model.config)
     config.num_hidden_layers = depth
     deeper = DiffillForInfilling(config).to(model.dtype)
     layers = []
-    for block in model.layers:
+    for block, count in zip(model.layers, copies):
         layers.append(copy.deepcopy(block))
-        for _ in range(depth // blocks - 1):
+        for _ in range(count):
             quiet = copy.deepcopy(block)
             with torch.no_grad():
                 quiet.attn.o_proj.weight.zero_()
@@ -72,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("model", type=Path, help="a diffill model or training checkpoint directory")
     parser.add_argument("out", type=Path, help="where the deeper model goes (replaced if it exists)")
     parser.add_argument("--depth", type=int, required=True,
-                        help="blocks of the deeper model: a multiple of the model's own, e.g. 12 for 6")
+                        help="blocks of the deeper model, more than its own, e.g. 18 for 12 (a copy after every second block)")
     args = parser.parse_args(argv)
     if not (args.model / "config.json").is_file():
         parser.exit(2, f"{parser.prog}: {args.model} is not a model directory (no config.json)\n")
