@@ -36,7 +36,8 @@ def add_kinds(kinds: argparse._SubParsersAction) -> dict[str, Callable[[argparse
                      "installed, a dependency not in the training corpus)")
     lsp.add_argument("--start-line", type=int, default=typing_replay.DEFAULT_START_LINE,
                      help=f"1-based line where typing starts (default {typing_replay.DEFAULT_START_LINE})")
-    lsp.add_argument("--chars", type=int, default=400, help="characters to type (default 400)")
+    lsp.add_argument("--chars", type=int, default=400,
+                     help="characters to type, cut back to the last line end among them (default 400)")
     lsp.add_argument("--line-pause-ms", type=float, default=0.0,
                      help="a pause after each typed line, in ms (default 0: a steady pace)")
     lsp.add_argument("--typo-every", type=int, default=0, metavar="N",

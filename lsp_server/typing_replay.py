@@ -35,7 +35,7 @@ from lsp_server.stdio_client import Pending, StdioClient
 
 DEFAULT_RATE = 20.0  # keys per second (a fast human typist)
 DEFAULT_SOURCE = ("pygls", "pygls.workspace.text_document")  # a dependency not in the training corpus (README)
-DEFAULT_START_LINE = 41  # `def __init__(` of TextDocument: code with a body to write
+DEFAULT_START_LINE = 41  # the parameters of `TextDocument.__init__`, then its body: code to write
 READY_TIMEOUT = 300.0  # seconds for a server to answer `initialize` and load its model
 ANSWER_TIMEOUT = 120.0  # seconds the replay waits, after the last key, for every request's answer
 STATUS = "diffill/status"
@@ -80,7 +80,10 @@ def default_source() -> Path:
 
 
 def source_stretch(path: Path, start_line: int, chars: int) -> Source:
-    """`chars` characters of `path` from the start of line `start_line` (1-based), cut at a line end when it can."""
+    """Up to `chars` characters of `path` from the start of line `start_line` (1-based), cut back to the last line
+    end among them, so that the rest of the file goes on from the next line, as when new code is typed between
+    lines (were it cut mid-line, the rest of that line would sit glued to the cursor at every key); a stretch
+    with no line end in it is cut at `chars`."""
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
@@ -92,6 +95,9 @@ def source_stretch(path: Path, start_line: int, chars: int) -> Source:
         raise ValueError(f"--chars must be at least 1 (got {chars})")
     start = sum(len(line) for line in lines[: start_line - 1])
     end = min(len(text), start + chars)
+    if end < len(text) and text[end] != "\n":
+        line_end = text.rfind("\n", start, end)
+        end = line_end if line_end > start else end
     return Source(path, origin_of(path), hashlib.sha256(text.encode("utf-8")).hexdigest()[:16],
                   text[:start], text[start:end], text[end:], start_line)
 

@@ -66,19 +66,31 @@ def test_bench_lsp_types_a_file_through_the_default_engine_and_leaves_nothing_ru
                                                                                        tmp_path: Path):
     out = tmp_path / "lsp.json"
     done = subprocess.run(
-        [sys.executable, "-m", "diffill", "bench", "lsp", "--model", str(tiny_checkpoint), "--chars", "40",
+        [sys.executable, "-m", "diffill", "bench", "lsp", "--model", str(tiny_checkpoint), "--chars", "60",
          "--rate", "50", "--line-pause-ms", "300", "--typo-every", "7", "--out", str(out)],
         env=SERVER_ENV, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     assert "time to ghost text" in done.stdout
     report = json.loads(out.read_text())
-    assert report["file"].startswith("pygls ") and report["chars"] == 40
+    # two parameter lines of TextDocument.__init__ (56 characters): cut back to the line end under 60
+    assert report["file"].startswith("pygls ") and report["chars"] == 55
     assert report["typo_every"] == 7 and "a typo taken back every 7 keys" in done.stdout
     assert report["engine_mode"] == "auto" and report["engine_processes"] == 1  # the default: one shared engine
     assert sum(report["answers"].values()) == report["keys"] and report["answers"]["error"] == 0
     assert report["answers"]["none"] == 0
     assert 0 < report["model_calls"] and 0 <= report["model_calls_thrown_away"] <= report["model_calls"]
     assert processes_of(tiny_checkpoint) == []
+
+
+def test_the_typed_stretch_ends_at_a_line_end_so_the_rest_of_the_file_starts_on_the_next_line(tmp_path: Path):
+    path = tmp_path / "code.py"
+    path.write_text("import os\n\ndef f(x):\n    return x + 1\n\nprint(f(2))\n", encoding="utf-8")
+    source = typing_replay.source_stretch(path, 3, 20)  # 20 characters end inside "    return x + 1"
+    assert source.head == "import os\n\n" and source.typed == "def f(x):"
+    assert source.tail == "\n    return x + 1\n\nprint(f(2))\n"
+    assert typing_replay.source_stretch(path, 3, 9).typed == "def f(x):"  # ends at a line end already
+    assert typing_replay.source_stretch(path, 3, 5).typed == "def f"  # no line end in it: cut where it says
+    assert typing_replay.source_stretch(path, 6, 400).typed == "print(f(2))\n"  # to the end of the file
 
 
 def test_bench_lsp_splits_the_server_time_of_answers_by_where_they_came_from():
