@@ -204,6 +204,7 @@ async def bench_lsp(source: typing_replay.Source, command: Sequence[str], option
         "accepted_chars": seen.accepted_chars, "cpu_s": cpu_s,
         "cpu_s_per_accepted_char": round(cpu_s / seen.accepted_chars, 3) if cpu_s and seen.accepted_chars else None,
         "machine_before": before, "machine_after": _machine(),
+        "key_records": typing_replay.key_rows(records),  # key by key: which cursors got ghost text, and which not
     }
 
 

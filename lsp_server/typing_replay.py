@@ -195,6 +195,7 @@ class KeyRecord:
     typed_at: float  # time.perf_counter() just before the change was sent
     request: Pending
     insert: str
+    line_before: str = ""  # the cursor's line before it, once the key was typed
     answer: str = ""  # "items", "empty" (a null or empty result), "cancelled" (RequestCancelled), "error"
     ghost_text: str = ""  # the first item's text, when there were items
     error: str = ""
@@ -238,7 +239,9 @@ class Session:
         self.pending = client.request("textDocument/inlineCompletion", {
             "textDocument": {"uri": self.document.uri}, "position": self.document.position(self.document.cursor),
             "context": {"triggerKind": 2}})  # InlineCompletionTriggerKind.Automatic
-        record = KeyRecord(self.number, typed_at, self.pending, key.insert)
+        text, cursor = self.document.text, self.document.cursor
+        line_before = text[text.rfind("\n", 0, cursor) + 1 : cursor]
+        record = KeyRecord(self.number, typed_at, self.pending, key.insert, line_before)
         self.pending.future.add_done_callback(lambda future: _note_answer(record, future))
         return record
 
@@ -366,6 +369,21 @@ async def replay(sessions: Sequence[Session], keys: Sequence[Sequence[Keystroke]
     if waiting:
         await asyncio.wait(waiting, timeout=ANSWER_TIMEOUT)
     return records
+
+
+def key_rows(records: Sequence[KeyRecord]) -> list[dict[str, Any]]:
+    """Each key of one session (in the order typed) as a report row: what it typed, the line before the cursor,
+    its request's answer, the first item's text, ms from the key to the answer, and whether that came before the
+    next key (in time to show)."""
+    rows: list[dict[str, Any]] = []
+    for index, record in enumerate(records):
+        next_key = records[index + 1].typed_at if index + 1 < len(records) else float("inf")
+        answered = record.request.answered
+        rows.append({"key": record.insert, "line_before": record.line_before, "answer": record.answer or "none",
+                     "ghost_text": record.ghost_text,
+                     "ms": None if answered is None else round((answered - record.typed_at) * 1000, 1),
+                     "in_time": answered is not None and answered < next_key})
+    return rows
 
 
 @dataclass

@@ -78,6 +78,12 @@ def test_bench_lsp_types_a_file_through_the_default_engine_and_leaves_nothing_ru
     assert report["engine_mode"] == "auto" and report["engine_processes"] == 1  # the default: one shared engine
     assert sum(report["answers"].values()) == report["keys"] and report["answers"]["error"] == 0
     assert report["answers"]["none"] == 0
+    rows = report["key_records"]  # key by key, so that the cursors without ghost text can be looked at
+    assert len(rows) == report["keys"] and rows[0]["key"] == rows[0]["line_before"] == " "
+    assert rows[-1]["line_before"] == "        source: Optional[str] = None,"  # the second line, typed whole
+    assert {kind: sum(row["answer"] == kind for row in rows) for kind in report["answers"]} == report["answers"]
+    assert all(row["ghost_text"] for row in rows if row["answer"] == "items")
+    assert not any(row["ghost_text"] or row["in_time"] for row in rows if row["answer"] == "cancelled")
     assert 0 < report["model_calls"] and 0 <= report["model_calls_thrown_away"] <= report["model_calls"]
     assert processes_of(tiny_checkpoint) == []
 
