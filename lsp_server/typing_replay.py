@@ -376,14 +376,19 @@ def key_rows(records: Sequence[KeyRecord]) -> list[dict[str, Any]]:
     its request's answer, the first item's text, ms from the key to the answer, and whether that came before the
     next key (in time to show)."""
     rows: list[dict[str, Any]] = []
-    for index, record in enumerate(records):
-        next_key = records[index + 1].typed_at if index + 1 < len(records) else float("inf")
+    for record, shown_in_time in zip(records, answered_in_time(records)):
         answered = record.request.answered
         rows.append({"key": record.insert, "line_before": record.line_before, "answer": record.answer or "none",
                      "ghost_text": record.ghost_text,
                      "ms": None if answered is None else round((answered - record.typed_at) * 1000, 1),
-                     "in_time": answered is not None and answered < next_key})
+                     "in_time": shown_in_time})
     return rows
+
+
+def answered_in_time(records: Sequence[KeyRecord]) -> list[bool]:
+    """For each key of one session (in the order typed), whether its request was answered before the next key."""
+    ends = [record.typed_at for record in records[1:]] + [float("inf")]
+    return [record.request.answered is not None and record.request.answered < end for record, end in zip(records, ends)]
 
 
 @dataclass
@@ -401,17 +406,15 @@ def ghost_text(records: Sequence[KeyRecord]) -> GhostText:
     latencies: list[float] = []
     shown = kept = accepted = 0
     visible = ""  # ghost text on screen just before the next key
-    for index, record in enumerate(records):
-        next_key = records[index + 1].typed_at if index + 1 < len(records) else float("inf")
+    for record, shown_in_time in zip(records, answered_in_time(records)):
         if record.insert and visible.startswith(record.insert):
             accepted += len(record.insert)
             visible = visible[len(record.insert):]
         else:
             visible = ""
-        answered = record.request.answered
-        if answered is not None and answered < next_key and record.answer in ("items", "empty"):
+        if shown_in_time and record.answer in ("items", "empty"):
             if record.answer == "items":
-                latencies.append((answered - record.typed_at) * 1000)
+                latencies.append((record.request.answered - record.typed_at) * 1000)
             visible = record.ghost_text  # the key's own answer replaces what typing ahead kept ("" hides it)
         elif visible:
             kept += 1
