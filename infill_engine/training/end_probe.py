@@ -1,0 +1,184 @@
+"""Where the model ends a fill: the choice at a hole's first line break, and the length its first pass settles.
+
+    python -m infill_engine.training.end_probe MODEL [MODEL ...] [--holes 200] [--data PATH] [--threads 1]
+        [--json PATH]
+
+Holes of HumanEval single-line infilling, single lines on a 48-position canvas and two of a task's lines in a row
+on a 64-position one (as `diffill eval humaneval-infill [--span-lines 2]` gives them), two measures each:
+
+- **The line break.** The middle's first line without its line break is given at the start of the canvas, the rest
+  is noise, and one pass says what comes next. The byte-level tokenizer writes a line break together with the next
+  line's indentation (`"\\n   "`), so a bare line break token is what a span ends with: after a single line the true
+  token is the bare break, after a two-line hole's first line the break with the second line's indentation. Reported:
+  the true token's probability, how often it is the argmax, and the probability of a bare break.
+- **The first pass's tail.** Everything noise, one pass: the run of positions reaching the canvas's end whose argmax
+  is end-of-span with at least the sampler's `tail_floor` is what `settle_tail` commits at once. Reported: how often
+  that run starts before the true middle ends (the fill is cut short before a token of it is written).
+
+One or two passes a hole, so seconds a model (docs/MODEL.md, "Holes of two lines").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+CANVASES = {1: 48, 2: 64}  # lines in a hole -> canvas positions, as the evaluation gives them
+
+
+@dataclass(frozen=True)
+class LineBreak:
+    """A hole's middle as tokens and where its first line break is."""
+
+    ids: list[int]
+    at: int  # index of the token holding the first line break (len(ids) where there is none)
+
+
+@dataclass
+class HoleProbe:
+    """One model at holes of one number of lines (medians and shares over the holes)."""
+
+    model: str
+    lines: int
+    holes: int
+    break_token: float  # median P(the true token at the first line break)
+    break_argmax: float  # share of holes where it is the argmax
+    bare_break: float  # median P(a bare line break there): the span would end after the line
+    tail_cuts_short: float  # share of holes whose first pass settles the span's end before the true end
+    tail_start_minus_length: float  # median positions between that settled end and the true end
+
+
+def first_line_break(tokenizer: Any, middle: str) -> LineBreak:
+    """The middle's token ids and the index of the token that holds its first line break."""
+    encoded = tokenizer(middle, add_special_tokens=False, return_offsets_mapping=True)
+    spans = encoded["offset_mapping"]
+    at = next((i for i, (start, end) in enumerate(spans) if "\n" in middle[start:end]), len(spans))
+    return LineBreak(list(encoded["input_ids"]), at)
+
+
+def predict_canvas(engine: Any, prefix: str, suffix: str, given_ids: list[int], canvas: int) -> Any:
+    """The model's logits (N, V) over a canvas of `canvas` positions that starts with `given_ids` and is noise after
+    them, between `prefix` and `suffix` (cut to the engine's context budget)."""
+    import torch
+
+    from infill_engine.canvas import trim_context
+    from infill_engine.commit_rules import fresh_noise
+
+    denoiser = engine.denoiser
+    trimmed = trim_context(denoiser.tokenizer, prefix, suffix, engine.context_budget(canvas))
+    tokens = fresh_noise(denoiser, (1, canvas), torch.Generator(device=denoiser.device).manual_seed(0))
+    tokens[0, : len(given_ids)] = torch.tensor(given_ids, dtype=torch.long, device=tokens.device)
+    context = denoiser.encode(trimmed.prefix_ids, trimmed.suffix_ids, canvas, 1)
+    with torch.no_grad():
+        logits = denoiser.predict(context, tokens)  # (1, N, V)
+    return logits[0].float().cpu()
+
+
+def tail_start(logits: Any, end_ids: tuple[int, ...], floor: float, end_bias: float) -> int:
+    """Where `settle_tail` would commit end-of-span from in a pass of `logits` (N, V): the start of the run of
+    positions reaching the canvas's end whose argmax is end-of-span with probability at least `floor`, `end_bias`
+    added to the end-of-span logits first as the sampler adds it (the canvas length where there is no such run)."""
+    import torch
+
+    from infill_engine.commit_rules import holds_end
+
+    biased = logits.clone()
+    biased[:, list(end_ids)] += end_bias
+    probs = torch.softmax(biased, dim=-1)
+    best = probs.max(dim=-1)
+    ending = holds_end(best.indices, end_ids) & (best.values >= floor)
+    start = len(ending)
+    while start > 0 and bool(ending[start - 1]):
+        start -= 1
+    return start
+
+
+def measure(engine: Any, model: str, problems: list[Any], lines: int, holes: int) -> HoleProbe:
+    """Probe `holes` holes of `lines` lines made from the single-line `problems`, spread over them."""
+    from infill_engine.evaluation import line_spans, spread_sample
+
+    denoiser = engine.denoiser
+    end_ids, sampler = denoiser.special.end_of_span_ids, engine.sampler
+    bare = [i for i, text in enumerate(denoiser.token_texts) if "\n" in text and not text.strip() and text[-1] in "\r\n"]
+    canvas = CANVASES[lines]
+    true_probs, argmax_hits, bare_probs, short, gaps = [], [], [], [], []
+    for problem in spread_sample(line_spans(problems, lines), holes):
+        middle = first_line_break(denoiser.tokenizer, problem.canonical_solution)
+        if middle.at >= len(middle.ids) or len(middle.ids) > canvas:
+            continue
+        logits = predict_canvas(engine, problem.prompt, problem.suffix, middle.ids[: middle.at], canvas)[middle.at]
+        probs = logits.softmax(dim=-1)
+        true_probs.append(float(probs[middle.ids[middle.at]]))
+        argmax_hits.append(int(probs.argmax()) == middle.ids[middle.at])
+        bare_probs.append(float(probs[bare].sum()))
+        first_pass = predict_canvas(engine, problem.prompt, problem.suffix, [], canvas)
+        start = tail_start(first_pass, end_ids, sampler.tail_floor,
+                           0.0 if sampler.end_bias_until_content else sampler.end_bias)
+        short.append(start < len(middle.ids))
+        gaps.append(start - len(middle.ids))
+    count = max(len(true_probs), 1)
+    return HoleProbe(
+        model=model, lines=lines, holes=len(true_probs),
+        break_token=round(statistics.median(true_probs), 4) if true_probs else 0.0,
+        break_argmax=round(sum(argmax_hits) / count, 4), bare_break=round(statistics.median(bare_probs), 4)
+        if bare_probs else 0.0,
+        tail_cuts_short=round(sum(short) / count, 4),
+        tail_start_minus_length=float(statistics.median(gaps)) if gaps else 0.0,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Probe each model at single-line and two-line holes; print a table (and write JSON)."""
+    parser = argparse.ArgumentParser(prog="python -m infill_engine.training.end_probe",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("models", nargs="+", help="model or checkpoint directories")
+    parser.add_argument("--holes", type=int, default=200, help="holes of each kind, spread over the file (default 200)")
+    parser.add_argument("--data", type=Path, help="JSONL(.gz) in the HumanEval-infilling format (default: "
+                        "../shared/bench's single-line file)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    parser.add_argument("--json", type=Path, help="also write the rows here")
+    args = parser.parse_args(argv)
+    from infill_engine.evaluation import DEFAULT_BENCH, load_problems
+
+    try:
+        if args.holes < 1:
+            raise ValueError(f"--holes must be at least 1 (got {args.holes})")
+        problems = load_problems(args.data or DEFAULT_BENCH)
+    except ValueError as error:
+        print(f"end_probe: {error}", file=sys.stderr)
+        return 2
+
+    import torch
+
+    from infill_engine.engine import InfillEngine
+    from infill_engine.loading import ModelLoadError, load_denoiser
+
+    torch.set_num_threads(args.threads)
+    rows = []
+    print(f"{'lines':>5} {'holes':>5} {'P(true break)':>13} {'argmax':>6} {'P(bare break)':>13} "
+          f"{'tail cuts short':>15} {'tail - length':>13}  model")
+    for model in args.models:
+        try:
+            engine = InfillEngine(load_denoiser(model, device="cpu", dtype="float32", compiled_layers="off"))
+        except ModelLoadError as error:
+            print(f"end_probe: {error}", file=sys.stderr)
+            return 2
+        for lines in CANVASES:
+            row = measure(engine, model, problems, lines, args.holes)
+            rows.append(row)
+            print(f"{row.lines:>5} {row.holes:>5} {row.break_token:>13} {row.break_argmax:>6} {row.bare_break:>13} "
+                  f"{row.tail_cuts_short:>15} {row.tail_start_minus_length:>13}  {model}", flush=True)
+    if args.json:
+        from infill_engine.atomic import write_text_atomic
+
+        write_text_atomic(args.json, json.dumps([asdict(r) for r in rows], indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
