@@ -104,7 +104,8 @@ def measure(engine: Any, model: str, problems: list[Any], lines: int, holes: int
 
     denoiser = engine.denoiser
     end_ids, sampler = denoiser.special.end_of_span_ids, engine.sampler
-    bare = [i for i, text in enumerate(denoiser.token_texts) if "\n" in text and not text.strip() and text[-1] in "\r\n"]
+    # line breaks with no indentation after them: the last token of a span that ends with its line
+    bare = [i for i, text in enumerate(denoiser.token_texts) if text and not text.strip() and text[-1] in "\r\n"]
     canvas = CANVASES[lines]
     true_probs, argmax_hits, bare_probs, short, gaps = [], [], [], [], []
     for problem in spread_sample(line_spans(problems, lines), holes):
