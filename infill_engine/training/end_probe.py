@@ -21,12 +21,13 @@ One or two passes a hole, so seconds a model (docs/MODEL.md, "Holes of two lines
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from infill_engine.training.measurement import add_measure_arguments, measure_models
 
 CANVASES = {1: 48, 2: 64}  # lines in a hole -> canvas positions, as the evaluation gives them
 
@@ -137,12 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     """Probe each model at single-line and two-line holes; print a table (and write JSON)."""
     parser = argparse.ArgumentParser(prog="python -m infill_engine.training.end_probe",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("models", nargs="+", help="model or checkpoint directories")
-    parser.add_argument("--holes", type=int, default=200, help="holes of each kind, spread over the file (default 200)")
+    add_measure_arguments(parser, 200, "holes of each kind, spread over the file")
     parser.add_argument("--data", type=Path, help="JSONL(.gz) in the HumanEval-infilling format (default: "
                         "../shared/bench's single-line file)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
-    parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args(argv)
     from infill_engine.evaluation import DEFAULT_BENCH, load_problems
 
@@ -156,29 +154,18 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from infill_engine.engine import InfillEngine
-    from infill_engine.loading import ModelLoadError, load_denoiser
 
-    torch.set_num_threads(args.threads)
-    rows = []
-    print(f"{'lines':>5} {'holes':>5} {'P(true break)':>13} {'argmax':>6} {'P(bare break)':>13} "
-          f"{'tail cuts short':>15} {'tail - length':>13}  model")
-    for model in args.models:
-        try:
-            engine = InfillEngine(load_denoiser(model, device="cpu", dtype="float32", compiled_layers="off"))
-        except ModelLoadError as error:
-            print(f"end_probe: {error}", file=sys.stderr)
-            return 2
-        for lines in CANVASES:
-            row = measure(engine, model, problems, lines, args.holes)
-            rows.append(row)
+    def probe_model(engine: Any, model: str) -> list[HoleProbe]:
+        rows = [measure(engine, model, problems, lines, args.holes) for lines in CANVASES]
+        for row in rows:
             print(f"{row.lines:>5} {row.holes:>5} {row.break_token:>13} {row.break_argmax:>6} {row.bare_break:>13} "
                   f"{row.tail_cuts_short:>15} {row.tail_start_minus_length:>13}  {model}", flush=True)
-    if args.json:
-        from infill_engine.atomic import write_text_atomic
+        return rows
 
-        write_text_atomic(args.json, json.dumps([asdict(r) for r in rows], indent=1) + "\n")
-    return 0
+    torch.set_num_threads(args.threads)
+    print(f"{'lines':>5} {'holes':>5} {'P(true break)':>13} {'argmax':>6} {'P(bare break)':>13} "
+          f"{'tail cuts short':>15} {'tail - length':>13}  model")
+    return measure_models("end_probe", args.models, probe_model, args.json)
 
 
 if __name__ == "__main__":

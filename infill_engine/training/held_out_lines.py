@@ -15,14 +15,15 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import json
 import random
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from infill_engine.training.measurement import add_measure_arguments, measure_models
 
 SEED = 0  # the holes are the same for every model and setting
 PREFIX_CHARS = 6_000  # the context kept around a hole before tokenizing (the engine trims it to its budget anyway)
@@ -124,20 +125,15 @@ def main(argv: list[str] | None = None) -> int:
     """Score each model under each variant on the same held-out line holes; print a table (and write JSON)."""
     parser = argparse.ArgumentParser(prog="python -m infill_engine.training.held_out_lines",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("models", nargs="+", help="model or checkpoint directories")
+    add_measure_arguments(parser, 500, "holes, one per held-out Python file")
     parser.add_argument("--corpus", required=True, type=Path,
                         help="a training run directory (or any directory with a corpus.jsonl): its held-out files")
-    parser.add_argument("--holes", type=int, default=500, help="holes, one per held-out Python file (default 500)")
     parser.add_argument("--variant", action="append", default=[], metavar="KEY=VALUE,...",
                         help="sampler settings to score (repeatable); without one, each model's own")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
-    parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args(argv)
 
     import torch
 
-    from infill_engine.engine import InfillEngine
-    from infill_engine.loading import ModelLoadError, load_denoiser
     from infill_engine.sampler import sampler_overrides, sampler_variant
     from infill_engine.training.corpus import read_corpus
 
@@ -156,16 +152,11 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     torch.set_num_threads(args.threads)
-    rows = []
     print(f"{len(holes)} held-out lines of {args.corpus}")
     print(f"{'exact %':>8} {'edit sim':>8} {'blank %':>8} {'chars':>11} {'ms/hole':>8}  model, variant")
-    for model in args.models:
-        try:
-            engine = InfillEngine(load_denoiser(model, device="cpu", dtype="float32", compiled_layers="off"))
-        except ModelLoadError as error:
-            print(f"held_out_lines: {error}", file=sys.stderr)
-            return 2
-        own = engine.sampler
+
+    def score_model(engine: Any, model: str) -> list[LineScores]:
+        rows, own = [], engine.sampler
         for variant in args.variant or [""]:
             engine.sampler = sampler_variant(variant, own) if variant else own
             fills, ms = fill_holes(engine, holes)
@@ -174,11 +165,9 @@ def main(argv: list[str] | None = None) -> int:
             chars = f"{row.fill_chars}/{row.line_chars}"
             print(f"{row.exact:>8} {row.edit_similarity:>8} {row.blank:>8} {chars:>11} {row.ms_per_hole:>8}  {model}"
                   f"{', ' + variant if variant else ''}", flush=True)
-    if args.json:
-        from infill_engine.atomic import write_text_atomic
+        return rows
 
-        write_text_atomic(args.json, json.dumps([asdict(r) for r in rows], indent=1) + "\n")
-    return 0
+    return measure_models("held_out_lines", args.models, score_model, args.json)
 
 
 if __name__ == "__main__":
