@@ -20,25 +20,37 @@ def test_the_line_break_token_is_found_with_the_indentation_it_carries(tokenizer
     assert first_line_break(tokenizer, "    return s").at == len(first_line_break(tokenizer, "    return s").ids)
 
 
-def logits_for(argmax: list[int], sure: list[float], vocab: int = 4) -> torch.Tensor:
-    """(N, V) logits whose softmax gives `argmax[i]` the probability `sure[i]` and the rest the remainder, evenly."""
-    rows = []
-    for token, p in zip(argmax, sure):
-        probs = torch.full((vocab,), (1 - p) / (vocab - 1))
-        probs[token] = p
-        rows.append(probs.log())
-    return torch.stack(rows)
+def test_the_tail_is_where_the_sampler_itself_would_settle_the_end(model_dirs) -> None:
+    from dataclasses import replace
 
+    from infill_engine.training.measurement import measured_engine
 
-def test_the_tail_is_the_run_of_sure_enough_ends_that_reaches_the_canvas_end() -> None:
-    end = (2,)
-    assert tail_start(logits_for([3, 3, 3, 2, 2, 2], [0.9] * 6), end, 0.1, 0.0) == 3
-    # an end in the middle that the run to the canvas end does not reach is no tail
-    assert tail_start(logits_for([3, 2, 3, 3, 2, 2], [0.9] * 6), end, 0.1, 0.0) == 4
+    engine = measured_engine(str(model_dirs["diffill"]))
+    special = engine.denoiser.special
+    end = special.end_of_span_ids[0]
+    text = next(i for i in range(engine.denoiser.vocab_size) if i not in (*special.ids_never_generated, end))
+
+    def logits_for(argmax: list[int], sure: list[float]) -> torch.Tensor:
+        """(N, V) logits whose softmax gives `argmax[i]` the probability `sure[i]` and the rest evenly the remainder."""
+        vocab = engine.denoiser.vocab_size
+        rows = []
+        for token, p in zip(argmax, sure):
+            probs = torch.full((vocab,), (1 - p) / (vocab - 1))
+            probs[token] = p
+            rows.append(probs.log())
+        return torch.stack(rows)
+
+    own = engine.sampler
+    engine.sampler = replace(own, tail_floor=0.1, end_bias=0.0)
+    assert tail_start(engine, logits_for([text] * 3 + [end] * 3, [0.9] * 6)) == 3
+    # an end the run to the canvas end does not reach settles nothing
+    assert tail_start(engine, logits_for([text, end, text, text, end, end], [0.9] * 6)) == 4
     # an end below the floor breaks the run
-    assert tail_start(logits_for([3, 3, 3, 2, 2, 2], [0.9, 0.9, 0.9, 0.9, 0.4, 0.9]), end, 0.5, 0.0) == 5
+    engine.sampler = replace(own, tail_floor=0.5, end_bias=0.0)
+    assert tail_start(engine, logits_for([text] * 3 + [end] * 3, [0.9, 0.9, 0.9, 0.9, 0.4, 0.9])) == 5
     # the sampler's end_bias counts: pushed down far enough, the ends are no longer the argmax
-    assert tail_start(logits_for([3, 3, 3, 2, 2, 2], [0.9] * 6), end, 0.1, -10.0) == 6
+    engine.sampler = replace(own, tail_floor=0.1, end_bias=-10.0)
+    assert tail_start(engine, logits_for([text] * 3 + [end] * 3, [0.9] * 6)) == 6
 
 
 def test_the_command_probes_single_and_two_line_holes(tmp_path: Path, model_dirs, capsys) -> None:

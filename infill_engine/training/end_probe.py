@@ -80,23 +80,24 @@ def predict_canvas(engine: Any, prefix: str, suffix: str, given_ids: list[int], 
     return logits[0].float().cpu()
 
 
-def tail_start(logits: Any, end_ids: tuple[int, ...], floor: float, end_bias: float) -> int:
-    """Where `settle_tail` would commit end-of-span from in a pass of `logits` (N, V): the start of the run of
-    positions reaching the canvas's end whose argmax is end-of-span with probability at least `floor`, `end_bias`
-    added to the end-of-span logits first as the sampler adds it (the canvas length where there is no such run)."""
+def tail_start(engine: Any, logits: Any) -> int:
+    """Where the engine's sampler would settle end-of-span from after a first pass of `logits` (N, V) over a canvas
+    of noise: its own vocabulary bias, token pick and `settle_tail` (the canvas length where nothing settles)."""
     import torch
 
-    from infill_engine.commit_rules import holds_end
+    from infill_engine.commit_rules import initial_state, settle_tail
+    from infill_engine.sampler import pick_tokens, vocabulary_bias
 
-    biased = logits.clone()
-    biased[:, list(end_ids)] += end_bias
-    probs = torch.softmax(biased, dim=-1)
-    best = probs.max(dim=-1)
-    ending = holds_end(best.indices, end_ids) & (best.values >= floor)
-    start = len(ending)
-    while start > 0 and bool(ending[start - 1]):
-        start -= 1
-    return start
+    denoiser, sampler = engine.denoiser, engine.sampler
+    length = logits.shape[0]
+    generator = torch.Generator().manual_seed(0)
+    bias = vocabulary_bias(sampler, denoiser.special, logits.shape[-1], logits.device)
+    biased = (logits if bias is None else logits + bias)[None]  # (1, N, V)
+    prediction = pick_tokens(biased, torch.zeros(1), sampler.order, generator, sampler.draw)
+    state = initial_state(denoiser, 1, length, generator, None, None)
+    settle_tail(denoiser, state, prediction, torch.ones(1, length, dtype=torch.bool), sampler.tail_floor)
+    settled = state.committed[0].nonzero()
+    return int(settled[0]) if len(settled) else length
 
 
 def measure(engine: Any, model: str, problems: list[Any], lines: int, holes: int) -> HoleProbe:
@@ -104,7 +105,6 @@ def measure(engine: Any, model: str, problems: list[Any], lines: int, holes: int
     from infill_engine.evaluation import line_spans, spread_sample
 
     denoiser = engine.denoiser
-    end_ids, sampler = denoiser.special.end_of_span_ids, engine.sampler
     # line breaks with no indentation after them: the last token of a span that ends with its line
     bare = [i for i, text in enumerate(denoiser.token_texts) if text and not text.strip() and text[-1] in "\r\n"]
     canvas = CANVASES[lines]
@@ -119,8 +119,7 @@ def measure(engine: Any, model: str, problems: list[Any], lines: int, holes: int
         argmax_hits.append(int(probs.argmax()) == middle.ids[middle.at])
         bare_probs.append(float(probs[bare].sum()))
         first_pass = predict_canvas(engine, problem.prompt, problem.suffix, [], canvas)
-        start = tail_start(first_pass, end_ids, sampler.tail_floor,
-                           0.0 if sampler.end_bias_until_content else sampler.end_bias)
+        start = tail_start(engine, first_pass)
         short.append(start < len(middle.ids))
         gaps.append(start - len(middle.ids))
     count = max(len(true_probs), 1)
