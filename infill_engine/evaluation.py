@@ -59,6 +59,7 @@ class Outcome:
     ms: float = 0.0
     candidates: int = 1  # canvases denoised together; the completion is the first as the engine ranks them
     lines_right: bool = False  # the completion has as many lines with text as the hidden middle
+    depth_right: bool = False  # the completion's first line with text is indented as the hidden middle's
 
 
 @dataclass
@@ -84,6 +85,8 @@ class Report:
             "ms_per_problem": round(statistics.mean(o.ms for o in self.outcomes), 1) if self.outcomes else 0.0,
             "blank_fills": sum(not o.completion.strip() for o in self.outcomes),  # no suggestion for the user
             "right_line_count": round(100 * sum(o.lines_right for o in self.outcomes) / count, 2),
+            # a right line at another depth is exact (stripped) but fails: the depth is judged on its own
+            "right_depth": round(100 * sum(o.depth_right for o in self.outcomes) / count, 2),
         }
 
 
@@ -186,6 +189,14 @@ def load_problems(path: str | os.PathLike[str], limit: int | None = None) -> lis
 def text_lines(text: str) -> int:
     """How many lines of `text` hold more than whitespace."""
     return sum(1 for line in text.split("\n") if line.strip())
+
+
+def first_depth(text: str) -> str | None:
+    """The leading whitespace of the first line of `text` that holds more than whitespace; None when none does."""
+    for line in text.split("\n"):
+        if line.strip():
+            return line[: len(line) - len(line.lstrip())]
+    return None
 
 
 def line_spans(problems: list[Problem], lines: int) -> list[Problem]:
@@ -337,6 +348,8 @@ def evaluate(
                 ms=result.stats.ms.get("total", 0.0),
                 candidates=result.stats.candidates,
                 lines_right=text_lines(completion) == text_lines(problem.canonical_solution),
+                depth_right=first_depth(completion) is not None
+                and first_depth(completion) == first_depth(problem.canonical_solution),
             ))
             if progress is not None:
                 progress(protocol, len(report.outcomes), len(problems))

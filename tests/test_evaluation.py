@@ -9,7 +9,7 @@ import json
 import pytest
 
 from diffill.cli import main
-from infill_engine.evaluation import Problem, line_spans, load_problems, run_test
+from infill_engine.evaluation import Problem, first_depth, line_spans, load_problems, run_test
 
 PROBLEMS = [
     {
@@ -61,6 +61,20 @@ def test_eval_prints_both_protocols(capsys, bench_file, model_dirs, tmp_path):
         one_line = [o["completion"].strip() != "" and "\n" not in o["completion"].strip()
                     for o in details["outcomes"][row["protocol"]]]  # every toy middle is one line of text
         assert row["right_line_count"] == 100 * sum(one_line) / 2
+        toy_depths = ["    ", "        "]  # the toy middles' indentation: 4 and 8 spaces
+        at_depth = [o["completion"].strip() != "" and first_depth(o["completion"]) == depth
+                    for o, depth in zip(details["outcomes"][row["protocol"]], toy_depths)]
+        assert row["right_depth"] == 100 * sum(at_depth) / 2
+
+
+def test_a_right_line_at_another_depth_is_exact_but_fails(bench_file):
+    """Why `depth` is reported beside exact match: the stripped text matches, the program does not."""
+    loop = load_problems(bench_file)[1]
+    shallower = "    " + loop.canonical_solution.lstrip()  # after the loop instead of in it
+    assert shallower.strip() == loop.canonical_solution.strip()
+    assert not run_test(loop, shallower)
+    assert first_depth(shallower) == "    " and first_depth(loop.canonical_solution) == "        "
+    assert first_depth("\n  \n") is None
 
 
 def test_a_run_against_an_earlier_one_counts_gains_losses_and_chance(capsys, bench_file, model_dirs, tmp_path):

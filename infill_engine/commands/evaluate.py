@@ -101,11 +101,11 @@ def run(args: argparse.Namespace) -> int:
     spans = f" of {args.span_lines} lines" if args.span_lines > 1 else ""
     print(f"model: {model.path} ({model.family}); {len(problems)} problems{spans}{variant}{budget}{ranked}")
     print(f"{'protocol':<9} {'pass@1':>7} {'exact':>7} {'syntax':>7} {'tok/fwd':>8} {'canvas/fwd':>10} "
-          f"{'ms/problem':>11} {'blank':>6} {'lines':>6}")
+          f"{'ms/problem':>11} {'blank':>6} {'lines':>6} {'depth':>6}")
     for row in summaries:
         print(f"{row['protocol']:<9} {row['pass@1']:>7} {row['exact_match']:>7} {row['syntax_valid']:>7} "
               f"{row['tokens_per_forward']:>8} {row['canvas_positions_per_forward']:>10} {row['ms_per_problem']:>11} "
-              f"{row['blank_fills']:>6} {row['right_line_count']:>6}")
+              f"{row['blank_fills']:>6} {row['right_line_count']:>6} {row['right_depth']:>6}")
     for comparison in comparisons:
         print(f"against {args.against}, {comparison.line()}")
     return 0
