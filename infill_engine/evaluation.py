@@ -348,7 +348,7 @@ def evaluate(
                 ms=result.stats.ms.get("total", 0.0),
                 candidates=result.stats.candidates,
                 lines_right=text_lines(completion) == text_lines(problem.canonical_solution),
-                depth_right=first_depth(completion) is not None
+                depth_right=bool(completion.strip())
                 and first_depth(completion) == first_depth(problem.canonical_solution),
             ))
             if progress is not None:
