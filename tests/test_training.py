@@ -362,6 +362,49 @@ def test_interrupted_and_resumed_run_ends_with_the_same_weights(prepared_run: Pa
     assert len(list_checkpoints(straight)) == 2  # only the newest two are kept
 
 
+def test_the_weight_average_follows_each_step_resumes_exactly_and_serves(prepared_run: Path, source_dir: Path,
+                                                                         tmp_path: Path) -> None:
+    from infill_engine.engine import InfillEngine, InfillRequest
+    from infill_engine.loading import load_denoiser
+    from infill_engine.training.weight_average import AVERAGE_DIRECTORY
+
+    straight = copy_run(prepared_run, tmp_path / "straight")
+    train(tiny_config(straight, source_dir, ema=0.5, checkpoint_every=1, keep_checkpoints=6))
+    interrupted = copy_run(prepared_run, tmp_path / "interrupted")
+    train(tiny_config(interrupted, source_dir, ema=0.5, stop_at_step=3))
+    train(tiny_config(interrupted, source_dir, ema=0.5))
+
+    def weights(directory: Path) -> dict[str, torch.Tensor]:
+        return load_file(directory / "model.safetensors")
+
+    steps = list_checkpoints(straight)
+    assert [c.name for c in steps] == [f"step-{n:08d}" for n in range(1, 7)]
+    before, last = weights(steps[-2] / AVERAGE_DIRECTORY), weights(steps[-1] / AVERAGE_DIRECTORY)
+    trained = weights(steps[-1])
+    moved = 0
+    for name, tensor in last.items():  # average_6 = 0.5 average_5 + 0.5 weights_6
+        torch.testing.assert_close(tensor, 0.5 * before[name] + 0.5 * trained[name])
+        moved += not torch.equal(tensor, trained[name])
+    assert moved > 0  # the average is not the trained weights
+    resumed = weights(latest_checkpoint(interrupted) / AVERAGE_DIRECTORY)
+    assert resumed.keys() == last.keys()
+    for name, tensor in last.items():  # carried through the checkpoint, not started again from the weights at step 3
+        assert torch.equal(tensor, resumed[name]), name
+    averaged_losses = [r["eval_loss_average"] for r in iter_log(straight) if r["eval_loss"]]
+    assert averaged_losses and all(float(loss) > 0 for loss in averaged_losses)
+
+    denoiser = load_denoiser(steps[-1] / AVERAGE_DIRECTORY, device="cpu")  # a model directory as it stands
+    result = InfillEngine(denoiser).fill(InfillRequest(prefix="def add(a, b):\n    return ", suffix="\n",
+                                                       max_tokens=8, gate=False))
+    assert result.stats.as_dict()["forward_passes"] >= 1
+
+
+@pytest.mark.parametrize("decay", [1.0, -0.1, 2])
+def test_a_weight_average_decay_outside_0_to_1_is_refused(decay: float) -> None:
+    with pytest.raises(ValueError, match="such as 0.998"):
+        TrainConfig(run_dir=Path("unused"), ema=decay)
+
+
 def test_bfloat16_training_follows_float32_and_resumes_in_either(prepared_run: Path, source_dir: Path,
                                                                  tmp_path: Path) -> None:
     runs = {}

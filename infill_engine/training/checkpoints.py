@@ -1,7 +1,8 @@
 """Checkpoints of a training run: written atomically, listed newest last, never read half-written.
 
 A checkpoint is a directory `checkpoints/step-NNNNNNNN` with the model (safetensors shards of at most 16 MB), the
-tokenizer and `trainer_state.pt` (optimizer, scheduler, RNG and progress). It is written into
+tokenizer, `trainer_state.pt` (optimizer, scheduler, RNG and progress) and, in a run with `--ema`, the averaged
+weights as a model directory of their own, `average/` (weight_average). It is written into
 `step-NNNNNNNN.tmp-XXXX`, flushed to disk, and renamed into place with `os.replace`: a run killed at any moment
 leaves complete checkpoints and at most a .tmp directory, which is ignored and removed at the next start. A write
 that fails (the disk full, a quota) removes its .tmp directory and publishes nothing, so the previous checkpoint stays
@@ -90,8 +91,10 @@ def save_checkpoint(
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     state: TrainerState,
     keep: int,
+    average: Any = None,
 ) -> Path:
-    """Write a checkpoint atomically (a temporary directory renamed into place) and keep the newest `keep`."""
+    """Write a checkpoint atomically (a temporary directory renamed into place) and keep the newest `keep`; with
+    `average` (a `WeightAverage`), the averaged weights too, as the model directory `average/` inside it."""
     directory = Path(run_dir) / "checkpoints"
     directory.mkdir(parents=True, exist_ok=True)
     final = directory / f"step-{state.step:08d}"
@@ -99,7 +102,7 @@ def save_checkpoint(
         return final  # this step is already saved (a run stopped right after it resumed)
     staging = Path(tempfile.mkdtemp(prefix=f"{final.name}.tmp-", dir=directory))
     try:
-        _write_checkpoint(staging, model, tokenizer, optimizer, scheduler, state)
+        _write_checkpoint(staging, model, tokenizer, optimizer, scheduler, state, average)
     except BaseException as failure:
         shutil.rmtree(staging, ignore_errors=True)  # nothing half-written is left behind
         if isinstance(failure, OSError) and failure.errno in DISK_FULL:
@@ -128,10 +131,13 @@ def _write_checkpoint(
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     state: TrainerState,
+    average: Any = None,
 ) -> None:
     """Every file of a checkpoint, flushed, in the staging directory, with their checksums last."""
     model.save_pretrained(staging, max_shard_size=MAX_SHARD_SIZE)
     tokenizer.save_pretrained(staging)
+    if average is not None:
+        average.save(staging, tokenizer, MAX_SHARD_SIZE)
     torch.save(
         {
             "optimizer": optimizer.state_dict(),
@@ -144,7 +150,8 @@ def _write_checkpoint(
     )
     summary = {k: v for k, v in asdict(state).items() if k != "data_rng"}
     (staging / "trainer_state.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-    sums = {path.name: _sha256(path) for path in sorted(staging.iterdir()) if path.is_file()}
+    files = sorted(path for path in staging.rglob("*") if path.is_file())
+    sums = {path.relative_to(staging).as_posix(): _sha256(path) for path in files}
     (staging / CHECKSUMS).write_text(json.dumps(sums, indent=2) + "\n", encoding="utf-8")
     _fsync_tree(staging)
 

@@ -58,6 +58,11 @@ def add_arguments(train: argparse.ArgumentParser) -> None:
                        help="certainty forcing (dParallel): add W times the entropy of the span predictions that are "
                             "already right, so fills commit more positions per step (default: 0, off; "
                             "see docs/MODEL.md)")
+    train.add_argument("--ema", type=float, default=0.0, metavar="DECAY",
+                       help="keep an exponential moving average of the weights with this decay (e.g. 0.998: about "
+                            "the last 500 steps) and save it in each checkpoint as the model directory average/, "
+                            "which every command that takes a model reads (default: 0, none; docs/MODEL.md, "
+                            "\"Averaged weights\")")
     train.add_argument("--end-weight", type=float, default=1.0, metavar="W",
                        help="multiply the loss weight of each span's first end-of-span position (where the middle "
                             "ends, which decides where a fill of unknown length stops) by W (default: 1)")
@@ -148,6 +153,7 @@ def run(args: argparse.Namespace) -> int:
             holes=args.holes,
             certainty_weight=args.certainty_weight,
             end_weight=args.end_weight,
+            ema=args.ema,
             autoregressive=args.autoregressive,
             extensions=args.extensions,
             line_share=args.line_share,

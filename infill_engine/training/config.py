@@ -80,6 +80,9 @@ class TrainConfig:
     min_lr_ratio: float = 0.1  # the cosine decays to this share of the peak
     weight_decay: float = 0.1  # on matrices only
     grad_clip: float = 1.0  # max global gradient norm
+    # an exponential moving average of the weights with this decay, kept beside them and saved in each checkpoint as
+    # the model directory average/ (weight_average); 0: none
+    ema: float = 0.0
     keep_checkpoints: int = 2
     num_threads: int = 2  # CPU threads for torch
     train_layers: int | None = None  # train only the top N blocks (+ embedding and final norm); None: all
@@ -129,6 +132,9 @@ class TrainConfig:
             raise ValueError(f"time limit must be a positive number of minutes (got {self.time_limit_minutes})")
         if not (isinstance(self.certainty_weight, (int, float)) and 0 <= self.certainty_weight < math.inf):
             raise ValueError(f"certainty weight must be a number >= 0 (got {self.certainty_weight!r})")
+        if not (isinstance(self.ema, (int, float)) and 0 <= self.ema < 1):
+            raise ValueError(f"the weight average's decay (--ema) must be 0 (none) or a number between 0 and 1, "
+                             f"such as 0.998 (got {self.ema!r})")
         if not (isinstance(self.end_weight, (int, float)) and 0 < self.end_weight < math.inf):
             raise ValueError(f"end weight must be a positive number (got {self.end_weight!r})")
         if self.autoregressive and (self.dense or self.holes > 1 or self.data_workers or self.certainty_weight

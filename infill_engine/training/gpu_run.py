@@ -11,7 +11,7 @@ with a checkpoint. The last checkpoint is exported as a diffill model directory 
 scored on a sample of HumanEval infilling. Everything lands under --out:
 
     run.log             this run's log, written as it goes (it comes back even when the run is killed)
-    train_log.csv       the loss log (step, tokens, loss, eval_loss, lr, seconds, eval_accuracy)
+    train_log.csv       the loss log (step, tokens, loss, eval_loss, lr, seconds, eval_accuracy, eval_loss_average)
     summary.json        steps, tokens, throughput, parameters, timings, the evaluation's summary
     result.tar.NN       the model directory, train_log.csv and summary.json as one tar cut into parts of at most
                         15 MiB (the device tool returns at most 8 files of 16 MiB); `unpack` joins them

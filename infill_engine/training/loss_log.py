@@ -6,7 +6,7 @@ import csv
 from pathlib import Path
 from typing import Any, Iterator
 
-LOG_COLUMNS = ("step", "tokens", "loss", "eval_loss", "lr", "seconds", "eval_accuracy")
+LOG_COLUMNS = ("step", "tokens", "loss", "eval_loss", "lr", "seconds", "eval_accuracy", "eval_loss_average")
 LOG_FILE = "train_log.csv"
 
 

@@ -6,7 +6,7 @@
       start/                        a causal LM converted into a diffill model, when --init-from named one
       checkpoints/step-00001200/    model shards (safetensors), tokenizer, trainer_state.pt: loadable by
                                     infill_engine.loading.load_denoiser as it is
-      train_log.csv                 step, tokens, loss, eval_loss, lr, seconds, eval_accuracy (see `loss_log`)
+      train_log.csv                 step, tokens, loss, eval_loss, lr, seconds, eval_accuracy, eval_loss_average (see `loss_log`)
       run_config.json               the settings of the latest start
 
 The tokenizer and a converted start are written beside their place and renamed into it, so a killed run never

@@ -40,6 +40,7 @@ from infill_engine.training.held_out import COMMIT_THRESHOLD, held_out_batches
 from infill_engine.training.loss_log import LOG_FILE, append_log, truncate_log
 from infill_engine.training.objective import SpanTokens, pad_batch
 from infill_engine.training.run_directory import build_model, prepare_run, prepare_start
+from infill_engine.training.weight_average import WeightAverage, load_average
 
 logger = logging.getLogger(__name__)
 
@@ -292,6 +293,11 @@ def train(config: TrainConfig) -> TrainResult:
     model.to(device).train()
     if config.train_layers is not None:
         freeze_lower_layers(model, config.train_layers)
+    average = None
+    if config.ema:
+        average, resumed = load_average(model, checkpoint, config.ema)
+        logger.info("weight average (--ema %g): %s", config.ema,
+                    f"resumed from {checkpoint.name}" if resumed else "starting from the current weights")
     optimizer = make_optimizer(model, config, device)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_factor(step, config.warmup_steps, config.steps, config.min_lr_ratio)
@@ -319,7 +325,7 @@ def train(config: TrainConfig) -> TrainResult:
         return TrainResult(state.step, "already_done", checkpoint, state.eval_loss, None)
     batches = _batches(config, stream, tokenizer, state.step, device)
     return _loop(config, model, tokenizer, optimizer, scheduler, stream, batches, eval_batches, state, device,
-                 started)
+                 started, average)
 
 
 def _batches(
@@ -384,6 +390,7 @@ def _loop(
     state: TrainerState,
     device: torch.device,
     started: float,
+    average: WeightAverage | None = None,
 ) -> TrainResult:
     """Steps until the end of the schedule, the stop step, the time limit or a signal; checkpoint on the way out."""
     from tqdm import tqdm
@@ -425,6 +432,8 @@ def _loop(
                 logger.warning("the compiled training step failed (%s); the run goes on eagerly", error)
                 step_model = model
                 loss, lr = step_on(model)
+            if average is not None:
+                average.update(model)
             state.step += 1
             session_tokens += batch_tokens
             state.tokens += batch_tokens
@@ -442,9 +451,15 @@ def _loop(
                                                   bfloat16 and device.type != "cpu")
                 state.eval_loss = eval_loss
                 eval_row = {"eval_loss": f"{eval_loss:.4f}", "eval_accuracy": f"{accuracy:.4f}"}
+                if average is not None:
+                    average_loss, _, _ = evaluate(average.model, eval_batches, device, stream.tokens,
+                                                  bfloat16 and device.type != "cpu")
+                    eval_row["eval_loss_average"] = f"{average_loss:.4f}"
                 logger.info(
-                    "step %d: loss %.4f, eval loss %.4f, middle-token accuracy at masks %.3f, lr %.2e, %.0f tokens/s",
-                    state.step, sum(window_losses) / len(window_losses), eval_loss, accuracy, lr, tokens_per_second,
+                    "step %d: loss %.4f, eval loss %.4f%s, middle-token accuracy at masks %.3f, lr %.2e, %.0f tokens/s",
+                    state.step, sum(window_losses) / len(window_losses), eval_loss,
+                    f" (the weight average {eval_row['eval_loss_average']})" if average is not None else "",
+                    accuracy, lr, tokens_per_second,
                 )
             if state.step % config.log_every == 0 or eval_row or stopped_by:
                 mean_loss = sum(window_losses) / len(window_losses)
@@ -454,7 +469,7 @@ def _loop(
             if stopped_by or state.step % config.checkpoint_every == 0:
                 state.data_rng = stream.state()
                 checkpoint = save_checkpoint(
-                    config.run_dir, model, tokenizer, optimizer, scheduler, state, config.keep_checkpoints
+                    config.run_dir, model, tokenizer, optimizer, scheduler, state, config.keep_checkpoints, average
                 )
     tokens_per_second = session_tokens / max(time.monotonic() - session_start, 1e-9)
     logger.info("stopped at step %d (%s); %.0f tokens/s; checkpoint %s", state.step, stopped_by,
