@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from infill_engine.training.loss_log import LOG_FILE, append_log
-from infill_engine.training.plot import main, read_log
+from infill_engine.training.plot import held_out_series, main, read_log
 
 
 def _run_dir(tmp_path: Path) -> Path:
@@ -26,6 +26,16 @@ def test_the_log_is_read_with_numbers_and_missing_evaluations(tmp_path: Path) ->
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
     assert rows[0]["eval_loss"] is None and rows[1]["eval_loss"] == pytest.approx(5.2)
     assert rows[3]["eval_accuracy"] == pytest.approx(0.2)
+
+
+def test_a_run_with_a_weight_average_draws_its_held_out_loss_too(tmp_path: Path) -> None:
+    plain = read_log(_run_dir(tmp_path) / LOG_FILE)
+    assert list(held_out_series(plain)) == ["held-out loss"]  # a log from before --ema: one curve
+    append_log(tmp_path / LOG_FILE, {"step": 6, "tokens": 6 * 4096, "loss": "3.0", "lr": "0.001", "seconds": "1.0",
+                                     "eval_loss": "3.3000", "eval_loss_average": "3.1000"})
+    series = held_out_series(read_log(tmp_path / LOG_FILE))
+    assert series["held-out loss"][-1] == pytest.approx((6 * 4096 / 1e6, 3.3))
+    assert series["held-out loss, weight average"] == [pytest.approx((6 * 4096 / 1e6, 3.1))]
 
 
 def test_without_matplotlib_the_command_says_which_extra_to_install(

@@ -28,6 +28,16 @@ def read_log(path: str | os.PathLike[str]) -> list[dict[str, float | None]]:
                 for row in csv.DictReader(handle)]
 
 
+def held_out_series(rows: list[dict[str, float | None]]) -> dict[str, list[tuple[float, float]]]:
+    """The held-out losses of a log against millions of training tokens: the weights', and the weight average's in a
+    run with --ema (from the first row that has it)."""
+    series = {"held-out loss": [(r["tokens"] / 1e6, r["eval_loss"]) for r in rows if r["eval_loss"] is not None]}
+    averaged = [(r["tokens"] / 1e6, r["eval_loss_average"]) for r in rows if r.get("eval_loss_average") is not None]
+    if averaged:
+        series["held-out loss, weight average"] = averaged
+    return series
+
+
 def plot_loss(log_path: str | os.PathLike[str], png_path: str | os.PathLike[str], title: str = "") -> None:
     """Training loss (smoothed) and held-out loss against training tokens, with eval accuracy on a second axis."""
     import matplotlib
@@ -46,8 +56,8 @@ def plot_loss(log_path: str | os.PathLike[str], png_path: str | os.PathLike[str]
     figure, axis = plt.subplots(figsize=(7, 4), dpi=110)
     axis.plot(tokens, loss, color="#9ab", linewidth=0.6, label="train loss")
     axis.plot(tokens, smooth, color="#135", linewidth=1.5, label="train loss (smoothed)")
-    if evals:
-        axis.plot([e[0] for e in evals], [e[1] for e in evals], "o-", color="#c52", markersize=3, label="held-out loss")
+    for (label, points), colour in zip(held_out_series(rows).items(), ("#c52", "#a3a")):
+        axis.plot([p[0] for p in points], [p[1] for p in points], "o-", color=colour, markersize=3, label=label)
     axis.set_xlabel("training tokens (millions)")
     axis.set_ylabel("loss (nats, 1/t-weighted)")
     axis.set_ylim(0, min(8.0, max(loss) if loss else 8.0))
