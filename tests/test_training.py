@@ -1068,3 +1068,14 @@ def test_held_out_tool_puts_a_checkpoint_on_its_runs_own_curve(prepared_run: Pat
     assert 0.0 <= rows[0]["sure"] <= 1.0  # the share of masked positions the sampler's threshold would commit
     assert held_out_main(["--run-dir", str(tmp_path), str(result.checkpoint)]) == 2
     assert "not a training run directory" in capsys.readouterr().err
+    # more batches of the same stream: the run's own first batch is the first of them, so one batch is not the loss
+    # of eight, and both are read from the same held-out files
+    one, eight = tmp_path / "one.json", tmp_path / "eight.json"
+    for count, path in (("1", one), ("8", eight)):
+        assert held_out_main(["--run-dir", str(run_dir), str(result.checkpoint), "--batches", count,
+                              "--json", str(path)]) == 0
+    assert json.loads(one.read_text())[0]["held_out_loss"] == pytest.approx(result.eval_loss, abs=1e-3)
+    assert json.loads(eight.read_text())[0]["held_out_loss"] != json.loads(one.read_text())[0]["held_out_loss"]
+    with pytest.raises(SystemExit):
+        held_out_main(["--run-dir", str(run_dir), str(result.checkpoint), "--batches", "0"])
+    assert "at least 1" in capsys.readouterr().err
