@@ -16,6 +16,9 @@ if TYPE_CHECKING:
 TEXT = "import os\n\nalpha =\n"  # the document; the tests type " " at the end of line 3
 OLD_LINE, OLD_FILL = "alpha = ", "answer_for_alpha"
 NEW_LINE, NEW_FILL = "omega = ", "answer_for_omega"  # same length as OLD_LINE: the cursor column does not move
+# accepted a word or a line at a time: the tests type " " at the end of line 3 of MEAN_TEXT
+MEAN_TEXT = "def mean(values):\n    total = sum(values)\n    result =\n"
+MEAN_LINE, MEAN_FILL = "    result = ", "total / len(values)\n    return result"
 
 
 def build_engine(spec: object = None) -> InfillEngine:
@@ -26,6 +29,6 @@ def build_engine(spec: object = None) -> InfillEngine:
     from tests.lsp.fake_engine import Rule, RuleDenoiser
     from tests.tiny_models import diffill_tokenizer
 
-    rules = (Rule(OLD_LINE, "\n", (OLD_FILL,)), Rule(NEW_LINE, "\n", (NEW_FILL,)))
+    rules = (Rule(OLD_LINE, "\n", (OLD_FILL,)), Rule(NEW_LINE, "\n", (NEW_FILL,)), Rule(MEAN_LINE, "\n", (MEAN_FILL,)))
     tokenizer = diffill_tokenizer()
     return InfillEngine(RuleDenoiser(tokenizer, rules), sampler=SamplerConfig(steps=24, block_size=64))

@@ -119,6 +119,32 @@ def test_tab_runs_the_users_own_mapping_when_no_ghost_text_is_shown(nvim: str, t
     assert results["calls_after_accept"] == 1
 
 
+def test_ghost_text_is_accepted_a_word_and_a_line_at_a_time(nvim: str, tmp_path: Path) -> None:
+    """The word and line keys insert a part of the ghost text and keep the rest shown without asking again."""
+    results = run_scenario("partial.lua", None, tmp_path, text=rule_engine.MEAN_TEXT, name="mean.py",
+                           engine_factory=RULE_ENGINE, init="partial_init.lua")
+    line = rule_engine.MEAN_LINE
+    assert results["ghost"] == rule_engine.MEAN_FILL
+    word = results["word"]
+    assert word["lines"][2] == line + "total"
+    assert word["ghost"] == " / len(values)\n    return result"
+    assert word["requests"] == results["requests_shown"]  # the rest is the same answer: no new request
+    # A character typed after the part: the rest is dismissed and the plugin asks again (what the scripted engine
+    # answers for a line it has no rule for does not matter here).
+    typed = results["typed"]
+    assert typed["lines"][2] == line + "totalx"
+    assert "len(values)" not in (typed["ghost"] or ""), typed
+    assert typed["requests"] > word["requests"]
+    # Back where it was asked, the suggestion again; the line key takes its first line, <Tab> the rest.
+    assert results["ghost_again"] == rule_engine.MEAN_FILL
+    assert results["line"]["lines"][2] == line + "total / len(values)"
+    assert results["line"]["ghost"] == "\n    return result"
+    rest = results["rest"]
+    assert rest["lines"][2:4] == [line + "total / len(values)", "    return result"], rest
+    assert "return result" not in (rest["ghost"] or ""), rest  # (a new suggestion at the new cursor may show)
+    assert rest["mode"].startswith("i")
+
+
 def test_rewrite_changes_the_selected_lines(nvim: str, tiny_model: Path, tmp_path: Path) -> None:
     results = run_scenario("rewrite.lua", tiny_model, tmp_path)
     before, after = results["before"], results["after"]
@@ -158,3 +184,8 @@ def test_lua_units(nvim: str, tmp_path: Path) -> None:
 def test_accept_key_falls_back_to_every_kind_of_user_mapping(nvim: str, tmp_path: Path) -> None:
     """With no suggestion shown, the accept key runs the user's mapping as it was made, on both ghost-text paths."""
     run_lua_units(nvim, tmp_path, "accept_key.lua")
+
+
+def test_word_and_line_keys_insert_their_part_and_keep_the_rest(nvim: str, tmp_path: Path) -> None:
+    """Words and lines of a suggestion as the keys take them, the cursor and the rest drawn after them, fallbacks."""
+    run_lua_units(nvim, tmp_path, "partial_accept.lua")

@@ -15,4 +15,6 @@ else
   settings.model = { path = assert(vim.env.DIFFILL_MODEL, 'DIFFILL_MODEL is not set') }
 end
 
-require('diffill').setup({ cmd = cmd, ghost_text = { debounce_ms = 50 }, settings = settings })
+-- a scenario's own init may set more ghost-text options first (partial_init.lua)
+local ghost_text = vim.tbl_extend('force', { debounce_ms = 50 }, vim.g.diffill_test_ghost_text or {})
+require('diffill').setup({ cmd = cmd, ghost_text = ghost_text, settings = settings })

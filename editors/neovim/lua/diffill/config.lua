@@ -9,6 +9,9 @@
 ---@field enabled boolean show ghost text while typing in insert mode
 ---@field debounce_ms integer wait this long after the last keystroke before asking the server
 ---@field accept_key string|false insert-mode key that accepts the ghost text (falls through when none is shown)
+---@field accept_word_key string|false insert-mode key that accepts the ghost text's next word and keeps showing the
+---rest (0.10 and 0.11; falls through when none is shown; false: none)
+---@field accept_line_key string|false the same for the ghost text's next line
 ---@field invoke_key string|false insert-mode key that asks for ghost text at once, with several candidates (LSP
 ---triggerKind Invoked), or shows the next of them (0.10 and 0.11; false: none)
 ---@field hl_group string highlight group of the ghost text
@@ -33,6 +36,8 @@ M.defaults = {
     enabled = true,
     debounce_ms = 75,
     accept_key = '<Tab>',
+    accept_word_key = false, -- e.g. '<C-Right>' (VS Code's Ctrl+Right); false: none
+    accept_line_key = false, -- e.g. '<S-Tab>' (llama.vim's); false: none
     invoke_key = '<M-\\>',
     hl_group = 'DiffillGhostText',
   },

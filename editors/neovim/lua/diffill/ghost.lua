@@ -34,8 +34,12 @@ local ns = vim.api.nvim_create_namespace('diffill.ghost')
 ---@field items diffill.Suggestion[]? the suggestions of the last answer, of which `shown` is number `index`
 ---@field index integer?
 ---@field attached boolean? whether the autocommands and the accept key are set
----@field previous table? what the accept key did before diffill mapped it (a `maparg()` dict; empty: not mapped)
----@field falling_back boolean? whether the keys of the user's mapping for the accept key are being run
+---@field keys table<string, diffill.KeyState>? the accept keys mapped in the buffer, by key
+---@field own_change integer? the `changedtick` after a part of the ghost text was accepted (its rest stays shown)
+
+---@class diffill.KeyState
+---@field previous table what the key did before diffill mapped it (a `maparg()` dict; empty: not mapped)
+---@field falling_back boolean? whether the keys of the user's mapping for the key are being run
 
 ---@type table<integer, diffill.GhostState>
 M.buffers = {}
@@ -45,6 +49,8 @@ M.opts = {
   enabled = true,
   debounce_ms = 75,
   accept_key = '<Tab>',
+  accept_word_key = false,
+  accept_line_key = false,
   invoke_key = '<M-\\>',
   hl_group = 'DiffillGhostText',
 }
@@ -271,8 +277,67 @@ function M.accept(bufnr)
   return true
 end
 
-local FALLBACK = '<Plug>(diffill-accept-fallback)'
-local FALLEN_BACK = '<Plug>(diffill-accept-fallen-back)'
+--- The next word of ghost text: the white space before it, then a run of word characters (letters, digits, `_`
+--- and any non-ASCII character) or a run of other characters, as VS Code's "Accept Next Word" takes it.
+---@param ghost string
+---@return string
+function M.next_word(ghost)
+  return ghost:match('^%s*[%w_\128-\255]+') or ghost:match('^%s*[^%w_%s\128-\255]+') or ghost
+end
+
+--- The next line of ghost text: the line breaks before it, then the text up to the next line break (not included).
+---@param ghost string
+---@return string
+function M.next_line(ghost)
+  return ghost:match('^\n*[^\n]*')
+end
+
+--- Insert the first part of the shown ghost text (`part(ghost)`) at the cursor and keep showing the rest, with no new
+--- request; the whole of it, or none shown, is `accept()`. Returns whether a suggestion was shown.
+---@param bufnr integer
+---@param part fun(ghost: string): string
+---@return boolean
+local function accept_part(bufnr, part)
+  local st = M.buffers[bufnr]
+  local s = st and st.shown
+  if s == nil then
+    return false
+  end
+  local piece = part(s.ghost)
+  if #piece >= #s.ghost or piece == '' then
+    return M.accept(bufnr)
+  end
+  cancel(st)
+  local lines = vim.split(piece, '\n', { plain = true })
+  vim.api.nvim_buf_set_text(bufnr, s.row, s.col, s.row, s.col, lines)
+  local row = s.row + #lines - 1
+  local col = (#lines == 1 and s.col or 0) + #lines[#lines]
+  -- The range the suggestion replaces still starts where it did; its end moves with the text after the cursor.
+  if s.end_row == s.row then
+    s.end_col = col + (s.end_col - s.col)
+  end
+  s.end_row = s.end_row + #lines - 1
+  s.row, s.col, s.ghost = row, col, s.ghost:sub(#piece + 1)
+  st.items, st.index = { s }, 1
+  st.own_change = vim.api.nvim_buf_get_changedtick(bufnr)
+  vim.api.nvim_win_set_cursor(0, { row + 1, col })
+  draw(bufnr, s)
+  return true
+end
+
+--- Insert the next word of the shown ghost text and keep showing the rest; returns whether there was one.
+---@param bufnr integer?
+---@return boolean
+function M.accept_word(bufnr)
+  return accept_part(bufnr or vim.api.nvim_get_current_buf(), M.next_word)
+end
+
+--- Insert the next line of the shown ghost text and keep showing the rest; returns whether there was one.
+---@param bufnr integer?
+---@return boolean
+function M.accept_line(bufnr)
+  return accept_part(bufnr or vim.api.nvim_get_current_buf(), M.next_line)
+end
 
 --- Whether a `maparg()` dict is one of diffill's own accept mappings.
 ---@param map table
@@ -281,54 +346,67 @@ local function ours(map)
   return map.buffer == 1 and type(map.desc) == 'string' and vim.startswith(map.desc, 'diffill: accept')
 end
 
+--- The `<Plug>` mappings of an accept key's fallback: the user's mapping it replaced, and the mark after its keys.
+---@param name string the key's name in them: accept, accept-word or accept-line
+---@return string fallback, string fallen_back
+local function plugs(name)
+  return ('<Plug>(diffill-%s-fallback)'):format(name), ('<Plug>(diffill-%s-fallen-back)'):format(name)
+end
+
 --- Keep what `key` did in insert mode before diffill maps it in `bufnr`: the user's mapping is copied, with all its
 --- flags and its script context, to a buffer-local `<Plug>` mapping. Returns the keys that do it: that `<Plug>`, or
 --- `key` itself when it was not mapped.
 ---@param key string
+---@param name string
 ---@param bufnr integer
 ---@return string
-local function keep_previous(key, bufnr)
+local function keep_previous(key, name, bufnr)
   local st = state(bufnr)
+  st.keys = st.keys or {}
   local previous = vim.fn.maparg(key, 'i', false, true) --[[@as table]]
   if ours(previous) then
-    previous = st.previous or {} -- attached again: what was there before diffill was captured the first time
+    -- attached again: what was there before diffill was captured the first time
+    previous = st.keys[key] and st.keys[key].previous or {}
   end
-  st.previous = previous
+  st.keys[key] = { previous = previous }
   if previous.callback == nil and (previous.rhs or '') == '' then
     return key
   end
+  local fallback = plugs(name)
   local copy = vim.deepcopy(previous)
-  copy.lhs = FALLBACK
-  copy.lhsraw = vim.api.nvim_replace_termcodes(FALLBACK, true, true, true)
+  copy.lhs = fallback
+  copy.lhsraw = vim.api.nvim_replace_termcodes(fallback, true, true, true)
   copy.lhsrawalt = nil
   copy.buffer = 1
   vim.api.nvim_buf_call(bufnr, function()
     vim.fn.mapset('i', false, copy)
   end)
-  return FALLBACK
+  return fallback
 end
 
---- Map the accept key in `bufnr`: `accept()` returns the keys that accept the shown suggestion, or nil when none is
---- shown; then the key does what it did before diffill mapped it (the same code on every Neovim version).
+--- Map an accept key in `bufnr`: `accept()` returns the keys that accept (a part of) the shown suggestion, or nil
+--- when none is shown; then the key does what it did before diffill mapped it (the same code on every Neovim version).
 ---@param bufnr integer
+---@param key string|false
+---@param name string the key's name in its `<Plug>` mappings (see plugs)
 ---@param accept fun(): string?
 ---@param desc string
-local function map_accept(bufnr, accept, desc)
-  local key = M.opts.accept_key
+local function map_accept(bufnr, key, name, accept, desc)
   if not key then
     return
   end
-  local st = state(bufnr)
-  local fallback = keep_previous(key, bufnr)
+  local fallback = keep_previous(key, name, bufnr)
+  local ks = state(bufnr).keys[key]
+  local _, fallen_back = plugs(name)
   if fallback ~= key then
     -- Marks the end of the keys of the user's mapping (a macro or typeahead may hold another `key` after them).
-    vim.keymap.set('i', FALLEN_BACK, function()
-      st.falling_back = nil
-    end, { buffer = bufnr, desc = 'diffill: end of the fallback of the accept key' })
+    vim.keymap.set('i', fallen_back, function()
+      ks.falling_back = nil
+    end, { buffer = bufnr, desc = 'diffill: end of the fallback of ' .. key })
   end
   -- remap, so that the fallback `<Plug>` is mapped; a result that starts with `key` does not map it again.
   vim.keymap.set('i', key, function()
-    if st.falling_back then
+    if ks.falling_back then
       -- The user's mapping gave the key back (`imap <expr> <Tab> ... : '<Tab>'`): the plain key, as Vim does for
       -- a mapping whose keys start with its own.
       return key
@@ -337,31 +415,40 @@ local function map_accept(bufnr, accept, desc)
     if keys or fallback == key then
       return keys or key
     end
-    st.falling_back = true
+    ks.falling_back = true
     vim.schedule(function() -- should the keys fail before the end mark, once they are done
-      st.falling_back = nil
+      ks.falling_back = nil
     end)
-    return fallback .. FALLEN_BACK
+    return fallback .. fallen_back
   end, { buffer = bufnr, expr = true, remap = true, replace_keycodes = true, desc = desc })
 end
 
---- Remove the accept key of `bufnr` and give back a buffer-local mapping it replaced.
+--- Remove an accept key of `bufnr` and give back a buffer-local mapping it replaced.
 ---@param bufnr integer
-local function unmap_accept(bufnr)
-  local key = M.opts.accept_key
+---@param key string|false
+---@param name string
+local function unmap_accept(bufnr, key, name)
   if not key or not vim.api.nvim_buf_is_valid(bufnr) then
     return
   end
+  local fallback, fallen_back = plugs(name)
   pcall(vim.keymap.del, 'i', key, { buffer = bufnr })
-  pcall(vim.keymap.del, 'i', FALLBACK, { buffer = bufnr })
-  pcall(vim.keymap.del, 'i', FALLEN_BACK, { buffer = bufnr })
-  local previous = M.buffers[bufnr] and M.buffers[bufnr].previous
-  if previous and previous.buffer == 1 then
+  pcall(vim.keymap.del, 'i', fallback, { buffer = bufnr })
+  pcall(vim.keymap.del, 'i', fallen_back, { buffer = bufnr })
+  local ks = M.buffers[bufnr] and M.buffers[bufnr].keys and M.buffers[bufnr].keys[key]
+  if ks and ks.previous.buffer == 1 then
     vim.api.nvim_buf_call(bufnr, function()
-      vim.fn.mapset('i', false, previous)
+      vim.fn.mapset('i', false, ks.previous)
     end)
   end
 end
+
+--- The accept keys of the plugin's own ghost text: option, `<Plug>` name, what it calls, its description.
+local ACCEPT_KEYS = {
+  { 'accept_key', 'accept', 'accept', 'diffill: accept ghost text' },
+  { 'accept_word_key', 'accept-word', 'accept_word', 'diffill: accept the next word of the ghost text' },
+  { 'accept_line_key', 'accept-line', 'accept_line', 'diffill: accept the next line of the ghost text' },
+}
 
 --- Turn ghost text on for a buffer the diffill client attached to.
 ---@param bufnr integer
@@ -375,6 +462,10 @@ function M.attach(bufnr)
     group = group,
     buffer = bufnr,
     callback = function()
+      local st = M.buffers[bufnr]
+      if st and st.own_change == vim.api.nvim_buf_get_changedtick(bufnr) then
+        return -- a part of the ghost text accepted: its rest is shown already
+      end
       M.schedule(bufnr)
     end,
   })
@@ -406,9 +497,12 @@ function M.attach(bufnr)
       M.detach(bufnr)
     end,
   })
-  map_accept(bufnr, function()
-    return M.visible(bufnr) and '<Cmd>lua require("diffill.ghost").accept()<CR>' or nil
-  end, 'diffill: accept ghost text')
+  for _, k in ipairs(ACCEPT_KEYS) do
+    local option, name, fn, desc = unpack(k)
+    map_accept(bufnr, M.opts[option], name, function()
+      return M.visible(bufnr) and ('<Cmd>lua require("diffill.ghost").%s()<CR>'):format(fn) or nil
+    end, desc)
+  end
   if M.opts.invoke_key then
     vim.keymap.set('i', M.opts.invoke_key, function()
       M.invoke(bufnr)
@@ -424,7 +518,9 @@ function M.detach(bufnr)
   if st and st.timer then
     st.timer:close()
   end
-  unmap_accept(bufnr)
+  for _, k in ipairs(ACCEPT_KEYS) do
+    unmap_accept(bufnr, M.opts[k[1]], k[2])
+  end
   if M.opts.invoke_key then
     pcall(vim.keymap.del, 'i', M.opts.invoke_key, { buffer = bufnr })
   end
@@ -433,13 +529,14 @@ function M.detach(bufnr)
 end
 
 --- Ghost text with Neovim's own inline completion (0.12+): enabled per buffer; the accept key accepts the shown
---- completion, and does what it did before (the user's own mapping, or the key itself) when none is shown.
+--- completion, and does what it did before (the user's own mapping, or the key itself) when none is shown. Neovim
+--- accepts a completion whole, so the word and line keys are not mapped on this path.
 ---@param bufnr integer
 ---@param client vim.lsp.Client
 function M.attach_native(bufnr, client)
   local inline = vim.lsp.inline_completion
   inline.enable(true, { bufnr = bufnr, client_id = client.id })
-  map_accept(bufnr, function()
+  map_accept(bufnr, M.opts.accept_key, 'accept', function()
     return inline.get({ bufnr = bufnr }) and '' or nil
   end, 'diffill: accept inline completion')
 end

@@ -109,6 +109,8 @@ M.rewrite = require('diffill.rewrite').rewrite
 M.refine = require('diffill.rewrite').refine
 M.statusline = status.statusline
 M.accept = ghost.accept
+M.accept_word = ghost.accept_word
+M.accept_line = ghost.accept_line
 M.dismiss = ghost.dismiss
 
 return M
