@@ -39,7 +39,7 @@ class Settings:
 
     steps: int  # forward passes per block at most
     block_size: int  # span positions denoised together
-    commit: str  # "threshold", "schedule" or "entropy_bound"
+    commit: str  # "threshold", "schedule", "factor" or "entropy_bound"
     extra: dict[str, Any] = field(default_factory=dict)  # other SamplerConfig fields (order, threshold, ...)
     source: str | None = None  # URL; None: unconfirmed (our reading of the authors' code)
 

@@ -3,7 +3,7 @@
 Every step the model predicts a token for each position of the canvas; a commit rule decides which of those
 predictions to keep. Two families of rule exist in the literature:
 
-- `KeepCommitted` (Fast-dLLM's threshold, LLaDA's schedule): a committed position stays committed (unless
+- `KeepCommitted` (Fast-dLLM's threshold and factor rules, LLaDA's schedule): a committed position stays committed (unless
   self-correction re-noises it); the block is finished once every position is committed, and the canvas is the answer.
 - `EntropyBound` (DiffusionGemma): each step accepts the lowest-entropy positions and re-noises all the others;
   nothing stays committed, so the block runs until it is confident or out of steps, and the answer is the last argmax.
@@ -243,17 +243,31 @@ def by_schedule(
     return take_best(scores, free, torch.minimum(torch.clamp(want, min=least), count))
 
 
+def by_factor(
+    scores: torch.Tensor, free: torch.Tensor, factor: float, steps_left: int, least: int = 1
+) -> torch.Tensor:
+    """Fast-dLLM's factor rule: the surest n free positions (B, N) of each row, where the i-th surest scores at
+    least 1 - factor / (i + 1) for every i from 2 to n, and always the best `least`."""
+    ranked = torch.where(free, scores, -1.0).sort(dim=-1, descending=True).values  # (B, N), the surest first
+    rank = torch.arange(1, ranked.shape[-1] + 1, device=ranked.device)  # i = 1 .. N
+    needed = (1.0 - factor / (rank + 1.0)).to(ranked.dtype)
+    needed[0] = -1.0  # the surest always goes
+    run = (ranked >= needed).long().cumprod(dim=-1).sum(dim=-1)  # (B,) n: the leading run that clears its bar
+    want = torch.minimum(torch.clamp(run, min=least), free.sum(dim=-1))
+    return take_best(scores, free, want)
+
+
 Quota = Callable[[torch.Tensor, torch.Tensor, float, int, int], torch.Tensor]
 
 
 @dataclass(frozen=True)
 class KeepCommitted:
-    """Fast-dLLM's threshold and LLaDA's schedule: committed positions stay; the canvas is the answer."""
+    """Fast-dLLM's threshold and factor rules and LLaDA's schedule: committed positions stay; the canvas is the answer."""
 
     denoiser: Denoiser
     generator: torch.Generator
     quota: Quota  # by_threshold or by_schedule
-    threshold: float  # the score a position needs (by_threshold)
+    threshold: float  # the score a position needs (by_threshold), or the factor f (by_factor)
     revise_below: float  # self-correction: re-noise a committed token whose probability fell below this; 0 = off
     stop_at_line_break: bool  # end the span after the first line break of its committed start
     tail_floor: float | None = None  # settle an end-of-span tail at once (see `settle_tail`); None: off
@@ -362,10 +376,16 @@ def commit_rule(
     tail_first: bool = False,
     min_commits: int = 1,
     stable_floor: float = 0.0,
+    factor: float = 1.0,
 ) -> CommitRule:
-    """The rule named by `SamplerConfig.commit`: "threshold", "schedule" or "entropy_bound"."""
+    """The rule named by `SamplerConfig.commit`: "threshold", "schedule", "factor" or "entropy_bound"."""
     if commit == "entropy_bound":
         return EntropyBound(denoiser, generator, entropy_bound)
-    quota = by_schedule if commit == "schedule" else by_threshold
-    return KeepCommitted(denoiser, generator, quota, threshold, revise_below, stop_at_line_break, tail_floor,
+    if commit == "schedule":
+        quota, bar = by_schedule, threshold
+    elif commit == "factor":
+        quota, bar = by_factor, factor
+    else:
+        quota, bar = by_threshold, threshold
+    return KeepCommitted(denoiser, generator, quota, bar, revise_below, stop_at_line_break, tail_floor,
                          tail_first, min_commits, stable_floor)

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-COMMIT_RULES = ("threshold", "schedule", "entropy_bound")
+COMMIT_RULES = ("threshold", "schedule", "factor", "entropy_bound")
 ORDERS = ("confidence", "margin", "entropy", "random")
 DRAWS = ("inverse_cdf", "multinomial")  # how a sampled token is drawn (SamplerConfig.draw)
 
@@ -25,12 +25,16 @@ class SamplerConfig:
         block_size: span positions denoised together; a longer span goes block by block.
         commit: how many positions a step commits. "threshold" (Fast-dLLM): every free position whose score
             reaches `threshold`, always at least one. "schedule" (LLaDA): the free positions spread evenly over
-            the steps left. "entropy_bound" (DiffusionGemma): the lowest-entropy positions while
+            the steps left. "factor" (Fast-dLLM's factor rule): the surest n free positions, where the i-th surest
+            has a score of at least 1 - `factor` / (i + 1) for every i from 2 to n (0.67, 0.75, 0.8, ... at
+            factor 1), always at least one. "entropy_bound" (DiffusionGemma): the lowest-entropy positions while
             sum(entropy) - max(entropy) <= `entropy_bound`; nothing stays committed, the rest is re-noised.
         order: which free positions go first. "confidence": probability of the drawn token; "margin": top-1 minus
             top-2 probability; "entropy": exp(-entropy); "random": a uniform draw.
         threshold: commit="threshold": the score a position needs to be committed in parallel.
-        min_commits: commit="threshold"/"schedule": a step commits at least this many positions (its surest), 1 as
+        factor: commit="factor": the factor f of the rule (n + 1) * (1 - score of the n-th surest) < f; larger
+            commits more positions at once.
+        min_commits: commit="threshold"/"schedule"/"factor": a step commits at least this many positions (its surest), 1 as
             in Fast-dLLM. Fills that must write something (`end_after_content`) and refines always use 1: there the
             forced positions would be content the model is not sure of (the loop sees to it).
         entropy_bound: commit="entropy_bound": the bound on the summed entropy of accepted positions (nats).
@@ -89,6 +93,7 @@ class SamplerConfig:
     commit: str = "threshold"
     order: str = "confidence"
     threshold: float = 0.9
+    factor: float = 1.0
     min_commits: int = 1
     entropy_bound: float = 0.1
     stable_floor: float = 0.0
@@ -124,6 +129,8 @@ class SamplerConfig:
             problems.append(f"order must be one of {', '.join(ORDERS)} (got {self.order!r})")
         if not 0.0 <= self.threshold <= 1.0:
             problems.append(f"threshold must be within 0..1 (got {self.threshold!r})")
+        if not (self.factor > 0 and math.isfinite(self.factor)):
+            problems.append(f"factor must be a number > 0 (got {self.factor!r})")
         if not self.entropy_bound > 0:
             problems.append(f"entropy_bound must be > 0 (got {self.entropy_bound!r})")
         if self.draw not in DRAWS:

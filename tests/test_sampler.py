@@ -64,7 +64,38 @@ def test_the_one_position_an_unsure_step_commits_is_its_surest_free_one_the_firs
     assert torch.equal(chosen, take_best(scores, free, torch.clamp(free.sum(dim=-1), max=1)))
 
 
-@pytest.mark.parametrize("commit", ["threshold", "schedule"])
+def test_the_factor_rule_commits_the_leading_run_of_the_surest_that_clears_its_rising_bar():
+    """Fast-dLLM's factor rule at f: the i-th surest free position needs 1 - f / (i + 1) (f = 1: 0.67, 0.75, 0.8),
+    the run stops at the first that falls short, the surest always goes, committed positions never count."""
+    from infill_engine.commit_rules import by_factor
+
+    scores = torch.tensor([[0.7, 0.95, 0.6, 0.1], [0.4, 0.3, 0.2, 0.1], [0.99, 0.5, 0.99, 0.99], [0.9, 0.8, 0.7, 0.6]])
+    free = torch.tensor([[True] * 4, [True] * 4, [True, True, True, False], [False] * 4])
+    chosen = by_factor(scores, free, 1.0, steps_left=4)
+    assert chosen.tolist() == [[True, True, False, False], [True, False, False, False], [True, False, True, False],
+                               [False] * 4]
+    # a larger factor lowers the bar (f = 2: 0.33, 0.5, 0.6): the third surest of the first row goes too
+    assert by_factor(scores, free, 2.0, steps_left=4)[0].tolist() == [True, True, True, False]
+    assert by_factor(scores, free, 1.0, steps_left=4, least=3)[1].tolist() == [True, True, True, False]
+    with pytest.raises(ValueError, match="factor must be a number > 0"):
+        SamplerConfig(commit="factor", factor=0.0)
+
+
+def test_the_factor_rule_writes_the_same_fill_in_fewer_passes_where_the_model_is_fairly_sure(tokenizer):
+    """Every position at about 0.85: the threshold (0.9) commits one a pass, the factor rule several."""
+    passes = {}
+    for name, config in {"threshold": GREEDY, "factor": replace(GREEDY, commit="factor"),
+                         "factor 0.5": replace(GREEDY, commit="factor", factor=0.5)}.items():
+        denoiser = ScriptedDenoiser(tokenizer, ["return a + b"], margin=7.0)
+        stats = FillStats()
+        span = denoise_span(denoiser, [], [], 12, config, stats=stats)
+        ids = [t for t in span.tokens[0].tolist() if t not in denoiser.special.end_of_span_ids]
+        assert tokenizer.decode(ids) == "return a + b", name
+        passes[name] = stats.forward_passes
+    assert passes["factor"] < passes["factor 0.5"] <= passes["threshold"], passes
+
+
+@pytest.mark.parametrize("commit", ["threshold", "schedule", "factor"])
 def test_min_commits_commits_that_many_of_the_surest_a_step_but_never_where_content_is_required(tokenizer, commit):
     """settle_tail off, so that only the rule commits: 3 a step with min_commits=3, one a step when unsure (threshold)
     or as the schedule spreads them; a fill that must write something keeps the rule's own count."""

@@ -25,7 +25,7 @@ def add_arguments(fill: argparse.ArgumentParser) -> None:
     fill.add_argument("--candidates", type=int, default=1, help="canvases denoised in one batch (default: 1)")
     fill.add_argument("--steps", type=int, help="denoising steps per block (default: the family's)")
     fill.add_argument("--block-size", type=int, help="positions per block (default: the family's)")
-    fill.add_argument("--commit", help="threshold, schedule or entropy_bound (default: the family's)")
+    fill.add_argument("--commit", help="threshold, schedule, factor or entropy_bound (default: the family's)")
     fill.add_argument("--order", help="confidence, margin, entropy or random (default: confidence)")
     fill.add_argument("--threshold", type=float, help="confidence a position needs with --commit threshold")
     fill.add_argument("--temperature", type=float, help="sampling temperature (0 = greedy)")
