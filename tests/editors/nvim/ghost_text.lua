@@ -17,9 +17,7 @@ H.when_ready(function()
     H.results.fallthrough_line = H.lines()[2]
     vim.api.nvim_win_set_cursor(0, { LINE, 0 })
     H.type('A It')
-    H.wait_for('ghost text', function()
-      return ghost.visible()
-    end, 60000, function()
+    H.when_ghost_text(function()
       local marks = vim.api.nvim_buf_get_extmarks(0, -1, 0, -1, { details = true })
       H.results.ghost = ghost.text()
       H.results.extmarks = #marks

@@ -74,6 +74,14 @@ function H.when_ready(next_step)
   end, 120000, next_step)
 end
 
+--- Call `next_step` once the plugin shows ghost text (the first answer may wait for the model: up to 60 s).
+---@param next_step fun()
+function H.when_ghost_text(next_step)
+  H.wait_for('ghost text', function()
+    return require('diffill.ghost').visible()
+  end, 60000, next_step)
+end
+
 --- Type keys as a user would (they go through the input queue: mappings, insert mode, autocommands).
 ---@param keys string
 function H.type(keys)

@@ -34,9 +34,7 @@ H.when_ready(function()
 
   vim.api.nvim_win_set_cursor(0, { LINE, 0 })
   H.type('A ')
-  H.wait_for('ghost text', function()
-    return ghost.visible()
-  end, 60000, function()
+  H.when_ghost_text(function()
     H.results.ghost = ghost.text()
     H.results.requests_shown = requests
     step('word', '<C-Right>', function()
