@@ -209,7 +209,7 @@ def _fill_dict(fill: Fill) -> dict[str, Any]:
 
 def _sampler_dict(config: SamplerConfig) -> dict[str, Any]:
     """The sampler knobs the sweep varies."""
-    return {"commit": config.commit, "steps": config.steps, "threshold": config.threshold,
+    return {"commit": config.commit, "steps": config.steps, "threshold": config.threshold, "factor": config.factor,
             "entropy_bound": config.entropy_bound}
 
 
