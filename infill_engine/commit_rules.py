@@ -3,8 +3,9 @@
 Every step the model predicts a token for each position of the canvas; a commit rule decides which of those
 predictions to keep. Two families of rule exist in the literature:
 
-- `KeepCommitted` (Fast-dLLM's threshold and factor rules, LLaDA's schedule): a committed position stays committed (unless
-  self-correction re-noises it); the block is finished once every position is committed, and the canvas is the answer.
+- `KeepCommitted` (Fast-dLLM's threshold and factor rules, LLaDA's schedule): a committed position stays committed
+  (unless self-correction re-noises it); the block is finished once every position is committed, and the canvas is
+  the answer.
 - `EntropyBound` (DiffusionGemma): each step accepts the lowest-entropy positions and re-noises all the others;
   nothing stays committed, so the block runs until it is confident or out of steps, and the answer is the last argmax.
 
@@ -262,11 +263,11 @@ Quota = Callable[[torch.Tensor, torch.Tensor, float, int, int], torch.Tensor]
 
 @dataclass(frozen=True)
 class KeepCommitted:
-    """Fast-dLLM's threshold and factor rules and LLaDA's schedule: committed positions stay; the canvas is the answer."""
+    """Fast-dLLM's threshold and factor rules, LLaDA's schedule: committed positions stay; the canvas is the answer."""
 
     denoiser: Denoiser
     generator: torch.Generator
-    quota: Quota  # by_threshold or by_schedule
+    quota: Quota  # by_threshold, by_schedule or by_factor
     threshold: float  # the score a position needs (by_threshold), or the factor f (by_factor)
     revise_below: float  # self-correction: re-noise a committed token whose probability fell below this; 0 = off
     stop_at_line_break: bool  # end the span after the first line break of its committed start

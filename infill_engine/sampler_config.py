@@ -34,9 +34,9 @@ class SamplerConfig:
         threshold: commit="threshold": the score a position needs to be committed in parallel.
         factor: commit="factor": the factor f of the rule (n + 1) * (1 - score of the n-th surest) < f; larger
             commits more positions at once.
-        min_commits: commit="threshold"/"schedule"/"factor": a step commits at least this many positions (its surest), 1 as
-            in Fast-dLLM. Fills that must write something (`end_after_content`) and refines always use 1: there the
-            forced positions would be content the model is not sure of (the loop sees to it).
+        min_commits: commit="threshold"/"schedule"/"factor": a step commits at least this many positions (its
+            surest), 1 as in Fast-dLLM. Fills that must write something (`end_after_content`) and refines always
+            use 1: there the forced positions would be content the model is not sure of (the loop sees to it).
         entropy_bound: commit="entropy_bound": the bound on the summed entropy of accepted positions (nats).
         stable_floor: commit="threshold"/"schedule": a free position whose argmax is the same token as at the pass
             before, with probability >= this, is committed too (the model has said it twice, the second time
