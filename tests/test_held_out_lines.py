@@ -49,8 +49,8 @@ def test_holes_are_whole_indented_code_lines_laid_out_as_the_benchmark() -> None
 
 def test_scores_count_exact_similar_and_blank_fills() -> None:
     holes = [LineHole("a.py", "", "    return a + b\n", ""), LineHole("b.py", "", "    x = 1\n", "")]
-    scores = score_fills("m", "", holes, ["    return a + b", "   \n"], [10.0, 20.0])
-    assert (scores.exact, scores.blank, scores.ms_per_hole) == (50.0, 50.0, 15.0)
+    scores = score_fills("m", "", holes, ["    return a + b", "   \n"], [10.0, 20.0], tokens=6, passes=4)
+    assert (scores.exact, scores.blank, scores.ms_per_hole, scores.tokens_per_forward) == (50.0, 50.0, 15.0, 1.5)
     assert (scores.fill_chars, scores.line_chars) == (6.0, 8.5)
     assert scores.edit_similarity == 0.5  # 1.0 for the exact fill, 0.0 for the blank one
 
@@ -68,6 +68,7 @@ def test_the_command_scores_each_model_and_variant(tmp_path: Path, model_dirs, c
     # +30 ends every span after its one forced token; -30 writes the whole canvas
     assert rows["end_bias=30"]["fill_chars"] < rows["end_bias=-30"]["fill_chars"]
     assert rows["end_bias=30"]["line_chars"] == rows["end_bias=-30"]["line_chars"]  # the same holes
+    assert all(row["tokens_per_forward"] > 0 for row in rows.values())  # every fill wrote something
 
 
 @pytest.mark.parametrize("argv, message", [

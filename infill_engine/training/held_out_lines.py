@@ -54,6 +54,7 @@ class LineScores:
     fill_chars: float  # mean length of the fills' stripped text ...
     line_chars: float  # ... and of the lines' (a model that ends early writes less than this)
     ms_per_hole: float
+    tokens_per_forward: float = 0.0  # the fills' tokens over their forward passes, totals over totals
 
 
 def is_fillable_line(line: str) -> bool:
@@ -91,8 +92,10 @@ def edit_similarity(fill: str, truth: str) -> float:
     return difflib.SequenceMatcher(None, fill.strip(), truth.strip()).ratio()
 
 
-def score_fills(model: str, variant: str, holes: list[LineHole], fills: list[str], ms: list[float]) -> LineScores:
-    """Exact match, edit similarity and blank fills of `fills` against the holes' lines."""
+def score_fills(model: str, variant: str, holes: list[LineHole], fills: list[str], ms: list[float],
+                tokens: int = 0, passes: int = 0) -> LineScores:
+    """Exact match, edit similarity and blank fills of `fills` against the holes' lines; `tokens` written in
+    `passes` forward passes, all fills together."""
     count = max(len(holes), 1)
     return LineScores(
         model=model, variant=variant, holes=len(holes),
@@ -103,22 +106,25 @@ def score_fills(model: str, variant: str, holes: list[LineHole], fills: list[str
         fill_chars=round(sum(len(f.strip()) for f in fills) / count, 1),
         line_chars=round(sum(len(h.middle.strip()) for h in holes) / count, 1),
         ms_per_hole=round(statistics.fmean(ms), 1) if ms else 0.0,
+        tokens_per_forward=round(tokens / passes, 3) if passes else 0.0,
     )
 
 
-def fill_holes(engine: Any, holes: list[LineHole], max_tokens: int = 48) -> tuple[list[str], list[float]]:
-    """The engine's first suggestion at each hole (empty where it has none), at unknown length, and ms per fill."""
+def fill_holes(engine: Any, holes: list[LineHole], max_tokens: int = 48) -> tuple[list[str], list[float], int, int]:
+    """The engine's first suggestion at each hole (empty where it has none), at unknown length, ms per fill, and
+    the tokens written and forward passes run, all fills together."""
     from infill_engine.engine import InfillRequest
     from infill_engine.evaluation import first_fill
 
-    fills, ms = [], []
+    fills, ms, tokens, passes = [], [], 0, 0
     for hole in holes:
         started = time.perf_counter()
         result = engine.fill(InfillRequest(hole.prefix, hole.suffix, "python", max_tokens=max_tokens))
         ms.append(1000 * (time.perf_counter() - started))
+        tokens, passes = tokens + result.stats.tokens_generated, passes + result.stats.forward_passes
         best = first_fill(result)
         fills.append(best.text if best is not None else "")
-    return fills, ms
+    return fills, ms, tokens, passes
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -153,17 +159,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     torch.set_num_threads(args.threads)
     print(f"{len(holes)} held-out lines of {args.corpus}")
-    print(f"{'exact %':>8} {'edit sim':>8} {'blank %':>8} {'chars':>11} {'ms/hole':>8}  model, variant")
+    print(f"{'exact %':>8} {'edit sim':>8} {'blank %':>8} {'chars':>11} {'ms/hole':>8} {'tok/fwd':>8}  model, variant")
 
     def score_model(engine: Any, model: str) -> list[LineScores]:
         rows, own = [], engine.sampler
         for variant in args.variant or [""]:
             engine.sampler = sampler_variant(variant, own) if variant else own
-            fills, ms = fill_holes(engine, holes)
-            row = score_fills(model, variant, holes, fills, ms)
+            row = score_fills(model, variant, holes, *fill_holes(engine, holes))
             rows.append(row)
             chars = f"{row.fill_chars}/{row.line_chars}"
-            print(f"{row.exact:>8} {row.edit_similarity:>8} {row.blank:>8} {chars:>11} {row.ms_per_hole:>8}  {model}"
+            print(f"{row.exact:>8} {row.edit_similarity:>8} {row.blank:>8} {chars:>11} {row.ms_per_hole:>8} "
+                  f"{row.tokens_per_forward:>8}  {model}"
                   f"{', ' + variant if variant else ''}", flush=True)
         return rows
 
