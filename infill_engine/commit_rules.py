@@ -23,6 +23,7 @@ from typing import Protocol
 import torch
 
 from infill_engine.adapters.base import Denoiser
+from infill_engine.context_copy import ContextCopy
 
 
 @dataclass
@@ -275,6 +276,7 @@ class KeepCommitted:
     tail_first: bool = False  # settle the tail before the quota, so the quota's positions are the ones before it
     min_commits: int = 1  # the surest positions a step commits at the least (threshold and schedule alike)
     stable_floor: float = 0.0  # commit a position whose argmax held since the pass before at this probability; 0 = off
+    context_copy: ContextCopy | None = None  # commit what the model and the context agree comes next; None = off
 
     @property
     def keeps_committed(self) -> bool:
@@ -292,6 +294,12 @@ class KeepCommitted:
         state.tokens = torch.where(chosen, prediction.drawn, state.tokens)
         state.probs = torch.where(chosen, prediction.drawn_probs, state.probs)
         state.committed |= chosen
+        if self.context_copy is not None:  # what the context says comes next, where the model's argmax agrees
+            left = free & ~chosen & (prediction.drawn == prediction.argmax)  # (B, N) open, drawn as the argmax
+            copied = self.context_copy.agreed(state.tokens, state.committed, prediction.argmax,
+                                              prediction.argmax_probs, left)
+            settle_with_argmax(state, prediction.argmax, prediction.argmax_probs, copied)
+            chosen |= copied
         self.revise(state, prediction, active & ~chosen)
         if self.tail_floor is not None and not self.tail_first:
             settle_tail(self.denoiser, state, prediction, active, self.tail_floor)
@@ -378,6 +386,7 @@ def commit_rule(
     min_commits: int = 1,
     stable_floor: float = 0.0,
     factor: float = 1.0,
+    context_copy: ContextCopy | None = None,
 ) -> CommitRule:
     """The rule named by `SamplerConfig.commit`: "threshold", "schedule", "factor" or "entropy_bound"."""
     if commit == "entropy_bound":
@@ -389,4 +398,4 @@ def commit_rule(
     else:
         quota, bar = by_threshold, threshold
     return KeepCommitted(denoiser, generator, quota, bar, revise_below, stop_at_line_break, tail_floor,
-                         tail_first, min_commits, stable_floor)
+                         tail_first, min_commits, stable_floor, context_copy)

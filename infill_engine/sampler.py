@@ -19,6 +19,7 @@ import torch
 from infill_engine.adapters.base import Denoiser, EncodedContext
 from infill_engine.commit_rules import CanvasState, CommitRule, Prediction, commit_rule, ended_rows, holds_end
 from infill_engine.commit_rules import initial_state
+from infill_engine.context_copy import ContextCopy
 from infill_engine.commit_rules import entropy  # noqa: F401 - order_scores uses it; kept importable from here
 from infill_engine.commit_rules import fresh_noise, settle_with_argmax  # noqa: F401 - fresh_noise: engine's refine
 from infill_engine.request import FillCancelled  # noqa: F401 - raised by the loop, defined without torch
@@ -530,19 +531,23 @@ def denoise_span(
         raise ValueError("a frozen mask needs the initial tokens it keeps")
     stats = stats if stats is not None else FillStats()
     generator = torch.Generator(device=denoiser.device).manual_seed(config.seed)
+    windows = block_windows(span_length, config.block_size, whole=initial is not None)
+    on_one_canvas = denoiser.block_mode == "restrict" or len(windows) == 1
+    copy = None  # the context's n-grams reach the canvas's first position only where the span is one canvas
+    if config.copy_floor > 0 and on_one_canvas:
+        copy = ContextCopy.of(prefix_ids, suffix_ids, config.copy_ngram, config.copy_floor)
     rule = commit_rule(
         config.commit, denoiser, generator, threshold=config.threshold, entropy_bound=config.entropy_bound,
         revise_below=config.revise_below, stop_at_line_break=config.stop_at_line_break,
         tail_floor=config.tail_floor if config.settle_tail else None, tail_first=config.tail_first,
-        stable_floor=config.stable_floor, factor=config.factor,
+        stable_floor=config.stable_floor, factor=config.factor, context_copy=copy,
         # a fill that must write something, or a refine, commits only what the model is surest of (see min_commits)
         min_commits=1 if config.end_after_content or initial is not None else config.min_commits,
     )
     run = Denoising(denoiser, config, rule, generator, stats, on_step, deadline)
     state = initial_state(denoiser, batch_size, span_length, generator, initial, frozen)
-    windows = block_windows(span_length, config.block_size, whole=initial is not None)
     one_canvas = None
-    if denoiser.block_mode == "restrict" or len(windows) == 1:
+    if on_one_canvas:
         reused = context if denoiser.reuses_context and context is not None else None
         steps_per_block, one_canvas = denoise_on_one_canvas(run, prefix_ids, suffix_ids, windows, state, reused)
     else:

@@ -41,6 +41,11 @@ class SamplerConfig:
         stable_floor: commit="threshold"/"schedule": a free position whose argmax is the same token as at the pass
             before, with probability >= this, is committed too (the model has said it twice, the second time
             after the canvas changed around it); 0 turns it off.
+        copy_floor: commit="threshold"/"schedule"/"factor": after the rule's own commits, an open position whose
+            argmax is a token that followed the same `copy_ngram` tokens somewhere in the prefix or the suffix, with
+            probability >= this, is committed too, left to right (prompt lookup, the model verifying the
+            context's proposal; `infill_engine.context_copy`); 0 turns it off. Fills on one canvas only.
+        copy_ngram: how many tokens before a position must match the context for `copy_floor`.
         revise_below: self-correction: a committed token whose probability falls below this, while the model now
             prefers another token, is re-noised and decided again. 0 turns it off.
         stability_steps: early stop when the argmax canvas is unchanged for this many steps ...
@@ -97,6 +102,8 @@ class SamplerConfig:
     min_commits: int = 1
     entropy_bound: float = 0.1
     stable_floor: float = 0.0
+    copy_floor: float = 0.0
+    copy_ngram: int = 2
     revise_below: float = 0.0
     stability_steps: int = 1
     confidence_threshold: float = 0.005
@@ -141,6 +148,10 @@ class SamplerConfig:
             problems.append(f"end_bias must be a finite number of nats (got {self.end_bias!r})")
         if not 0.0 <= self.stable_floor <= 1.0:
             problems.append(f"stable_floor must be within 0..1, 0 for off (got {self.stable_floor!r})")
+        if not 0.0 <= self.copy_floor <= 1.0:
+            problems.append(f"copy_floor must be within 0..1, 0 for off (got {self.copy_floor!r})")
+        if not isinstance(self.copy_ngram, int) or isinstance(self.copy_ngram, bool) or self.copy_ngram < 1:
+            problems.append(f"copy_ngram must be an integer >= 1 (got {self.copy_ngram!r})")
         if not 0.0 <= self.revise_below < 1.0:
             problems.append(f"revise_below must be within 0..1 (got {self.revise_below!r})")
         if not isinstance(self.min_commits, int) or isinstance(self.min_commits, bool) or self.min_commits < 1:
