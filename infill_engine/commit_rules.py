@@ -259,6 +259,14 @@ def by_factor(
     return take_best(scores, free, want)
 
 
+def content_too(scores: torch.Tensor, free: torch.Tensor, chosen: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    """In rows where a step's commits (`chosen`, B x N) are all end-of-span (`ends`: where the drawn token is),
+    their surest free position (B, N) whose token is not end-of-span, so that no pass goes by without content."""
+    content = free & ~ends & ~chosen
+    wanting = ~(chosen & ~ends).any(dim=-1, keepdim=True)  # (B, 1)
+    return take_surest(scores, content) & wanting
+
+
 Quota = Callable[[torch.Tensor, torch.Tensor, float, int, int], torch.Tensor]
 
 
@@ -277,6 +285,7 @@ class KeepCommitted:
     min_commits: int = 1  # the surest positions a step commits at the least (threshold and schedule alike)
     stable_floor: float = 0.0  # commit a position whose argmax held since the pass before at this probability; 0 = off
     context_copy: ContextCopy | None = None  # commit what the model and the context agree comes next; None = off
+    force_content: bool = False  # a step whose commits are all end-of-span commits its surest content position too
 
     @property
     def keeps_committed(self) -> bool:
@@ -291,6 +300,9 @@ class KeepCommitted:
         chosen = self.quota(prediction.scores, free, self.threshold, steps_left, self.min_commits)  # (B, N)
         if self.stable_floor > 0:
             chosen |= said_twice(state, prediction, free, self.stable_floor)
+        if self.force_content and self.denoiser.special.end_of_span_ids:
+            ends = holds_end(prediction.drawn, self.denoiser.special.end_of_span_ids)  # (B, N)
+            chosen |= content_too(prediction.scores, free, chosen, ends)
         state.tokens = torch.where(chosen, prediction.drawn, state.tokens)
         state.probs = torch.where(chosen, prediction.drawn_probs, state.probs)
         state.committed |= chosen
@@ -387,6 +399,7 @@ def commit_rule(
     stable_floor: float = 0.0,
     factor: float = 1.0,
     context_copy: ContextCopy | None = None,
+    force_content: bool = False,
 ) -> CommitRule:
     """The rule named by `SamplerConfig.commit`: "threshold", "schedule", "factor" or "entropy_bound"."""
     if commit == "entropy_bound":
@@ -398,4 +411,4 @@ def commit_rule(
     else:
         quota, bar = by_threshold, threshold
     return KeepCommitted(denoiser, generator, quota, bar, revise_below, stop_at_line_break, tail_floor,
-                         tail_first, min_commits, stable_floor, context_copy)
+                         tail_first, min_commits, stable_floor, context_copy, force_content)

@@ -540,7 +540,7 @@ def denoise_span(
         config.commit, denoiser, generator, threshold=config.threshold, entropy_bound=config.entropy_bound,
         revise_below=config.revise_below, stop_at_line_break=config.stop_at_line_break,
         tail_floor=config.tail_floor if config.settle_tail else None, tail_first=config.tail_first,
-        stable_floor=config.stable_floor, factor=config.factor, context_copy=copy,
+        stable_floor=config.stable_floor, factor=config.factor, context_copy=copy, force_content=config.force_content,
         # a fill that must write something, or a refine, commits only what the model is surest of (see min_commits)
         min_commits=1 if config.end_after_content or initial is not None else config.min_commits,
     )

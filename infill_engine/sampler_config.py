@@ -46,6 +46,9 @@ class SamplerConfig:
             probability >= this, is committed too, left to right (prompt lookup, the model verifying the
             context's proposal; `infill_engine.context_copy`); 0 turns it off. Fills on one canvas only.
         copy_ngram: how many tokens before a position must match the context for `copy_floor`.
+        force_content: commit="threshold"/"schedule"/"factor": a step whose commits would all be end-of-span
+            commits its surest position holding another token too, so that a pass is not spent walking the span's
+            end in alone.
         revise_below: self-correction: a committed token whose probability falls below this, while the model now
             prefers another token, is re-noised and decided again. 0 turns it off.
         stability_steps: early stop when the argmax canvas is unchanged for this many steps ...
@@ -104,6 +107,7 @@ class SamplerConfig:
     stable_floor: float = 0.0
     copy_floor: float = 0.0
     copy_ngram: int = 2
+    force_content: bool = False
     revise_below: float = 0.0
     stability_steps: int = 1
     confidence_threshold: float = 0.005

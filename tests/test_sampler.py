@@ -834,3 +834,20 @@ def test_the_greedy_token_of_a_tie_is_the_first_of_the_tied():
     prediction = pick_tokens(logits, torch.zeros(1), "confidence", generator)
     assert prediction.argmax.tolist() == [[4, 9, 0]] == logits.argmax(dim=-1).tolist()
     assert prediction.drawn.tolist() == [[4, 9, 0]]  # greedy: the drawn token is the argmax
+
+
+@pytest.mark.parametrize("force_content", [False, True])
+def test_force_content_commits_content_beside_an_end_that_a_pass_would_commit_alone(tokenizer, force_content):
+    """The span's 4 end-of-span positions surer the further right (p 0.7 to 0.85) and its text at 0.6, all under
+    the threshold: one commit a pass walks the end in from the right first, one position at a time (a committed end
+    settles only what is after it); with force_content each of those passes commits a text position too."""
+    text = "return a + b"
+    length = len(tokenizer(text, add_special_tokens=False)["input_ids"])
+    probe = ScriptedDenoiser(tokenizer, [text])
+    confidence = [margin_for(probe, 0.6)] * length + [margin_for(probe, p) for p in (0.7, 0.75, 0.8, 0.85)]
+    denoiser = ScriptedDenoiser(tokenizer, [text], confidence=confidence)
+    config = replace(GREEDY, settle_tail=False, force_content=force_content)
+    counts, span = committed_counts(denoiser, config, length + 4)
+    assert text_of(tokenizer, denoiser, span.tokens[0]) == text
+    assert len(counts) == (length if force_content else length + 4), counts
+    assert [b[0] - a[0] for a, b in zip([[0]] + counts, counts)][:4] == [2 if force_content else 1] * 4
