@@ -19,9 +19,9 @@ import torch
 from infill_engine.adapters.base import Denoiser, EncodedContext
 from infill_engine.commit_rules import CanvasState, CommitRule, Prediction, commit_rule, ended_rows, holds_end
 from infill_engine.commit_rules import initial_state
-from infill_engine.context_copy import ContextCopy
 from infill_engine.commit_rules import entropy  # noqa: F401 - order_scores uses it; kept importable from here
 from infill_engine.commit_rules import fresh_noise, settle_with_argmax  # noqa: F401 - fresh_noise: engine's refine
+from infill_engine.context_copy import ContextCopy
 from infill_engine.request import FillCancelled  # noqa: F401 - raised by the loop, defined without torch
 from infill_engine.sampler_config import COMMIT_RULES, DRAWS, ORDERS  # noqa: F401 - importable from here too
 from infill_engine.sampler_config import SamplerConfig, sampler_overrides, sampler_variant  # noqa: F401
