@@ -116,7 +116,8 @@ def _cpu_name() -> str:
 
 def package_key(model: nn.Module) -> str:
     """The package's file name for this model, PyTorch and CPU."""
-    settings = {k: v for k, v in model.config.to_dict().items() if k != "_name_or_path"}  # not where it was read
+    # not where it was read, nor the sampler settings the checkpoint recommends: the layers do not depend on them
+    settings = {k: v for k, v in model.config.to_dict().items() if k not in ("_name_or_path", "diffill_sampler")}
     config = json.dumps(settings, sort_keys=True, default=str)
     digest = hashlib.blake2b(digest_size=12)
     for part in (_weights_digest(model), config, torch.__version__, _cpu_name(), platform.machine(),

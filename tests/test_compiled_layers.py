@@ -163,6 +163,23 @@ def test_a_damaged_package_is_not_used_and_is_compiled_again(model_dir, package_
     assert load_compiled_layers(engine.denoiser.model) is not None
 
 
+def test_a_checkpoint_whose_sampler_settings_changed_keeps_its_package(model_dir, package_cache, tmp_path):
+    """Its config.json's `diffill_sampler` is not the layers': a copy with other sampler settings loads the same
+    package (no compile); a copy with another layer setting does not."""
+    own = InfillEngine.load(ModelSpec(path=str(model_dir), device="cpu", dtype="float32", compiled_layers="off"))
+    copies = {}
+    for name, change in (("sampler", {"diffill_sampler": {"copy_floor": 0.1, "end_bias": -0.5}}),
+                         ("layers", {"rms_norm_eps": 1e-5})):
+        copy = shutil.copytree(model_dir, tmp_path / name)
+        config = json.loads((copy / "config.json").read_text())
+        (copy / "config.json").write_text(json.dumps({**config, **change}))
+        copies[name] = InfillEngine.load(ModelSpec(path=str(copy), device="cpu", dtype="float32",
+                                                   compiled_layers="off"))
+    assert copies["sampler"].sampler.copy_floor == 0.1  # the settings are read ...
+    assert package_key(copies["sampler"].denoiser.model) == package_key(own.denoiser.model)  # ... not keyed
+    assert package_key(copies["layers"].denoiser.model) != package_key(own.denoiser.model)
+
+
 def test_the_compile_command_and_its_refusals(model_dir, package_cache):
     bf16 = subprocess.run([sys.executable, "-m", "diffill", "compile", "--model", str(model_dir), "--dtype",
                            "bfloat16"], capture_output=True, text=True, timeout=300)
