@@ -259,12 +259,14 @@ def by_factor(
     return take_best(scores, free, want)
 
 
-def content_too(scores: torch.Tensor, free: torch.Tensor, chosen: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
-    """In rows where a step's commits (`chosen`, B x N) are all end-of-span (`ends`: where the drawn token is),
-    their surest free position (B, N) whose token is not end-of-span, so that no pass goes by without content."""
-    content = free & ~ends & ~chosen
-    wanting = ~(chosen & ~ends).any(dim=-1, keepdim=True)  # (B, 1)
-    return take_surest(scores, content) & wanting
+def text_too(free: torch.Tensor, chosen: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    """In rows where a step's commits (`chosen`, B x N) are all end-of-span (`ends`: where the drawn token is), their
+    leftmost open position (B, N) where its token is text: the pass writes on from the left, as an autoregressive
+    step would, instead of only walking the end in (where the model would end the span there, nothing)."""
+    still_open = free & ~chosen
+    leftmost = torch.zeros_like(free).scatter_(-1, still_open.int().argmax(dim=-1, keepdim=True), True) & still_open
+    only_ends = ~(chosen & ~ends).any(dim=-1, keepdim=True)  # (B, 1)
+    return leftmost & ~ends & only_ends
 
 
 Quota = Callable[[torch.Tensor, torch.Tensor, float, int, int], torch.Tensor]
@@ -285,7 +287,7 @@ class KeepCommitted:
     min_commits: int = 1  # the surest positions a step commits at the least (threshold and schedule alike)
     stable_floor: float = 0.0  # commit a position whose argmax held since the pass before at this probability; 0 = off
     context_copy: ContextCopy | None = None  # commit what the model and the context agree comes next; None = off
-    force_content: bool = False  # a step whose commits are all end-of-span commits its surest content position too
+    force_content: bool = False  # a step whose commits are all end-of-span commits its leftmost open text too
 
     @property
     def keeps_committed(self) -> bool:
@@ -302,7 +304,7 @@ class KeepCommitted:
             chosen |= said_twice(state, prediction, free, self.stable_floor)
         if self.force_content and self.denoiser.special.end_of_span_ids:
             ends = holds_end(prediction.drawn, self.denoiser.special.end_of_span_ids)  # (B, N)
-            chosen |= content_too(prediction.scores, free, chosen, ends)
+            chosen |= text_too(free, chosen, ends)
         state.tokens = torch.where(chosen, prediction.drawn, state.tokens)
         state.probs = torch.where(chosen, prediction.drawn_probs, state.probs)
         state.committed |= chosen

@@ -47,8 +47,8 @@ class SamplerConfig:
             context's proposal; `infill_engine.context_copy`); 0 turns it off. Fills on one canvas only.
         copy_ngram: how many tokens before a position must match the context for `copy_floor`.
         force_content: commit="threshold"/"schedule"/"factor": a step whose commits would all be end-of-span
-            commits its surest position holding another token too, so that a pass is not spent walking the span's
-            end in alone.
+            commits its leftmost open position too where that holds text (not end-of-span), so that a pass is not
+            spent walking the span's end in alone.
         revise_below: self-correction: a committed token whose probability falls below this, while the model now
             prefers another token, is re-noised and decided again. 0 turns it off.
         stability_steps: early stop when the argmax canvas is unchanged for this many steps ...

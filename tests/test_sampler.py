@@ -837,17 +837,47 @@ def test_the_greedy_token_of_a_tie_is_the_first_of_the_tied():
 
 
 @pytest.mark.parametrize("force_content", [False, True])
-def test_force_content_commits_content_beside_an_end_that_a_pass_would_commit_alone(tokenizer, force_content):
-    """The span's 4 end-of-span positions surer the further right (p 0.7 to 0.85) and its text at 0.6, all under
-    the threshold: one commit a pass walks the end in from the right first, one position at a time (a committed end
-    settles only what is after it); with force_content each of those passes commits a text position too."""
+def test_force_content_writes_on_from_the_left_beside_an_end_a_pass_would_commit_alone(tokenizer, force_content):
+    """The span's 4 end-of-span positions surer the further right (p 0.7 to 0.85) and its text less sure, and surer
+    to the right (0.5 to 0.65), all under the threshold: one commit a pass walks the end in from the right first, one
+    position at a time (a committed end settles only what is after it); with force_content each of those passes
+    also commits the leftmost open position, so the text goes in from the left while the end comes in."""
     text = "return a + b"
     length = len(tokenizer(text, add_special_tokens=False)["input_ids"])
     probe = ScriptedDenoiser(tokenizer, [text])
-    confidence = [margin_for(probe, 0.6)] * length + [margin_for(probe, p) for p in (0.7, 0.75, 0.8, 0.85)]
+    text_sureness = [0.5 + 0.15 * i / (length - 1) for i in range(length)]
+    confidence = [margin_for(probe, p) for p in text_sureness + [0.7, 0.75, 0.8, 0.85]]
     denoiser = ScriptedDenoiser(tokenizer, [text], confidence=confidence)
-    config = replace(GREEDY, settle_tail=False, force_content=force_content)
-    counts, span = committed_counts(denoiser, config, length + 4)
+    committed = []
+    span = denoise_span(denoiser, [], [], length + 4, replace(GREEDY, settle_tail=False, force_content=force_content),
+                        on_step=lambda view: committed.append(view.committed[0].tolist()) and None)
     assert text_of(tokenizer, denoiser, span.tokens[0]) == text
-    assert len(counts) == (length if force_content else length + 4), counts
-    assert [b[0] - a[0] for a, b in zip([[0]] + counts, counts)][:4] == [2 if force_content else 1] * 4
+    assert len(committed) == (length if force_content else length + 4), committed
+    new = [[i for i, now in enumerate(after) if now and not before[i]]
+           for before, after in zip([[False] * (length + 4)] + committed, committed)]
+    if force_content:  # the text from the left, the end from the right, a position of each a pass
+        assert new[:4] == [[i, length + 3 - i] for i in range(4)]
+    else:
+        assert new[:4] == [[length + 3 - i] for i in range(4)]
+
+
+class EndFirstDenoiser(ScriptedDenoiser):
+    """ScriptedDenoiser, but position 0 predicts end-of-span (p 0.6) before the script's text."""
+
+    def predict(self, context, canvas, self_conditioning=None):
+        logits = super().predict(context, canvas, self_conditioning)
+        logits[:, 0] = 0.0
+        logits[:, 0, self.special.end_of_span_ids[0]] = margin_for(self, 0.6)
+        return logits
+
+
+def test_force_content_writes_nothing_where_the_model_would_end_the_span_at_its_leftmost_open_position(tokenizer):
+    """Position 0 ends the span (p 0.6), position 1 holds text (0.65), position 2 ends (0.8): the first pass commits
+    the end at 2 alone, as without force_content (which commits no text further right than where the model would
+    end); the text at 1 goes in its own turn, and the end at 0 then settles the rest."""
+    probe = ScriptedDenoiser(tokenizer, ["ab"])
+    denoiser = EndFirstDenoiser(tokenizer, ["ab"], confidence=[margin_for(probe, p) for p in (0.6, 0.65, 0.8)])
+    config = replace(GREEDY, settle_tail=False, min_tokens=0)
+    forced, span = committed_counts(denoiser, replace(config, force_content=True), 3)
+    plain, _ = committed_counts(EndFirstDenoiser(tokenizer, ["ab"], confidence=denoiser.confidence), config, 3)
+    assert forced == plain == [[1], [2], [3]] and text_of(tokenizer, denoiser, span.tokens[0]) == ""
