@@ -12,7 +12,7 @@ run inductor's AMX micro-kernels on a CPU with AMX, oneDNN's bfloat16 products o
 
 Compiling takes 30-60 s of one core, so it never runs inside a fill: `compile_layers` writes a package file (a zip of
 the two libraries, atomically) into a cache directory, keyed by what the libraries depend on (the weights' digest,
-the model's config, the PyTorch version, the CPU and the package's format); `load_compiled_layers` loads one in
+the model's config less its sampler settings, the PyTorch version, the CPU and the package's format); `load_compiled_layers` loads one in
 0.04-0.2 s and runs its libraries with the GIL released, and packages no server has loaded for a month are removed.
 `CompiledLayers` runs the package only where it gives the eager blocks' numbers (float32 or mixed on the CPU, no
 attention mask from padding, the weights it was compiled from unchanged, shapes within the exported range); anywhere
