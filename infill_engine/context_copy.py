@@ -33,7 +33,7 @@ class ContextCopy:
     def of(cls, prefix_ids: list[int], suffix_ids: list[int], ngram: int, floor: float,
            window: int = 2048) -> ContextCopy:
         """The lookup of a fill: the last `window` tokens of the prefix and the first `window` of the suffix."""
-        near_prefix, near_suffix = list(prefix_ids[-window:]), list(suffix_ids[:window])
+        near_prefix, near_suffix = prefix_ids[-window:], suffix_ids[:window]  # slices: copies already
         grams = context_grams(near_prefix, ngram + 1) | context_grams(near_suffix, ngram + 1)
         return cls(grams, tuple(near_prefix[-ngram:]), ngram, floor)
 
