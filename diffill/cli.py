@@ -71,6 +71,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # the reader went away (`diffill models | head`): stop quietly, as `cat` does
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # the flush at exit writes nowhere instead of failing again
+        return 141  # 128 + SIGPIPE, what a shell reports for a command the pipe stopped
 
 
 if __name__ == "__main__":

@@ -205,3 +205,13 @@ def test_a_sampler_variant_applies_and_the_own_options_win(capsys, source, model
 def test_bad_fill_options_are_refused_before_the_model_loads(capsys, source, option, message):
     code, _, err = run(capsys, "fill", f"{source}:5:17", "--model", "/nonexistent/model", *option)
     assert code == 2 and message in err and "Traceback" not in err
+
+
+def test_a_reader_that_goes_away_stops_the_output_quietly():
+    """`diffill models | head -1`: the pipe closes before the table is written; no traceback, the pipe's status."""
+    child = subprocess.Popen([sys.executable, "-m", "diffill", "models"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
+    child.stdout.close()  # the reader is gone before the command writes anything
+    _, stderr = child.communicate(timeout=120)
+    assert child.returncode == 141, stderr.decode()
+    assert b"Traceback" not in stderr and b"BrokenPipeError" not in stderr
