@@ -196,6 +196,7 @@ async def bench_lsp(source: typing_replay.Source, command: Sequence[str], option
         "line_pause_ms": round(line_pause * 1000), "typo_every": typo_every, "model": server.info.get("model"),
         "engine_mode": settings.get("engine", {}).get("mode"), "engine_processes": len(children),
         "options": options, "wall_s": round(wall, 1),
+        "start": {"initialize_ms": round(server.initialize_ms, 1), "ready_ms": round(server.ready_ms, 1)},
         "ghost_text": {"after_keys": seen.shown, "share_of_keys": round(seen.shown / len(keys), 3),
                        "from_answers": len(seen.latencies_ms), "kept_by_typing_ahead": seen.kept,
                        "p50_ms": percentile(seen.latencies_ms, 0.5), "p95_ms": percentile(seen.latencies_ms, 0.95)},
@@ -227,6 +228,8 @@ def lsp_table(report: dict[str, Any]) -> str:
         + (f", a typo taken back every {report['typo_every']} keys" if report.get("typo_every") else "") + ")",
         f"model {report['model']}, engine.mode {report['engine_mode']}, wall {report['wall_s']} s, load "
         f"{report['machine_before']['load_average']}",
+        f"start: initialize answered {report['start']['initialize_ms']} ms after the server was spawned, the model "
+        f"ready after {report['start']['ready_ms']} ms (polled every 0.1 s)",
         f"ghost text on screen after {ghost['after_keys']} of {report['keys']} keys ({ghost['share_of_keys']:.1%}); "
         f"from the key's own answer {ghost['from_answers']}, kept by typing ahead {ghost['kept_by_typing_ahead']}",
         f"time to ghost text: p50 {ghost['p50_ms']} ms, p95 {ghost['p95_ms']} ms; in the server, answers with items "

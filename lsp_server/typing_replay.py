@@ -208,6 +208,8 @@ class Server:
     client: StdioClient
     statuses: list[dict[str, Any]] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)  # its diffill/debugInfo once ready
+    initialize_ms: float = 0.0  # from spawning the process to the answer to `initialize`
+    ready_ms: float = 0.0  # from spawning the process to its model being ready (what the first ghost text waits for)
 
 
 class Session:
@@ -279,10 +281,12 @@ async def start_server(command: Sequence[str], options: dict[str, Any], env: dic
         if method == STATUS and isinstance(params, dict):
             statuses.append({**params, "at": at})
 
+    spawned = time.perf_counter()
     client = await StdioClient.spawn(command, env, log, on_notification)
     server = Server(client, statuses)
     try:
         await client.initialize(options, CAPABILITIES, READY_TIMEOUT)
+        server.initialize_ms = (time.perf_counter() - spawned) * 1000
         deadline = time.monotonic() + READY_TIMEOUT
         while True:
             info = await client.call("diffill/debugInfo", {}, READY_TIMEOUT)
@@ -297,6 +301,7 @@ async def start_server(command: Sequence[str], options: dict[str, Any], env: dic
     if info["state"] != "ready":
         await client.close()
         raise ValueError(f"the server has no model ({info['state']}): {info['message']} (log: {log})")
+    server.ready_ms = (time.perf_counter() - spawned) * 1000  # to within the 0.1 s the state is polled at
     server.info = info
     return server
 

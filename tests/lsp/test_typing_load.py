@@ -76,6 +76,8 @@ def test_bench_lsp_types_a_file_through_the_default_engine_and_leaves_nothing_ru
     assert report["file"].startswith("pygls ") and report["chars"] == 55
     assert report["typo_every"] == 7 and "a typo taken back every 7 keys" in done.stdout
     assert report["engine_mode"] == "auto" and report["engine_processes"] == 1  # the default: one shared engine
+    start = report["start"]  # how long after the editor starts the server ghost text can come
+    assert 0 < start["initialize_ms"] < start["ready_ms"] and "the model ready after" in done.stdout
     assert sum(report["answers"].values()) == report["keys"] and report["answers"]["error"] == 0
     assert report["answers"]["none"] == 0
     rows = report["key_records"]  # key by key, so that the cursors without ghost text can be looked at
